@@ -1,0 +1,26 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+# Each creates its own virtual environment in .venv on first use.
+PYTHON ?= python3
+# The CPU build of torch is enough for the demo and the tests; any torch>=2.11 runs draftline.
+TORCH_SPEC ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[test]"
+	# The official DFlash inference code is the reference the tests compare against.
+	$(BIN)/pip install -q --no-deps "dflash==0.1.0"
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/draftline demo
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) demo-run

@@ -1,0 +1,5 @@
+import sys
+
+from draftline.cli import main
+
+sys.exit(main())

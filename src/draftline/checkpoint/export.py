@@ -1,0 +1,134 @@
+"""The drafter on disk in the z-lab format: ``config.json`` + ``model.safetensors``.
+
+This is the format the official DFlash code, SGLang and vLLM load without conversion: tensor names
+without a ``model.`` prefix, no embedding, no LM head (those are the target's). Writes are atomic:
+files go to a temporary directory that is renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import Qwen3Config
+
+from draftline.errors import DraftlineError
+from draftline.model.config import validate_drafter_config
+from draftline.model.drafter import DFlashDrafter
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+
+
+def drafter_config_dict(config: Qwen3Config, dtype: torch.dtype) -> dict:
+    """config.json content with the fields every loader needs, in a stable order."""
+    data = config.to_dict()
+    data["architectures"] = ["DFlashDraftModel"]
+    data["model_type"] = "qwen3"
+    data["dtype"] = str(dtype).removeprefix("torch.")
+    data.pop("torch_dtype", None)
+    for name in ("block_size", "num_target_layers", "dflash_config"):
+        data[name] = getattr(config, name)
+    return dict(sorted(data.items()))
+
+
+def is_drafter_dir(path: str | Path) -> bool:
+    path = Path(path)
+    return (path / CONFIG_NAME).is_file() and (path / WEIGHTS_NAME).is_file()
+
+
+def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write ``drafter`` to ``out_dir`` atomically (existing contents are replaced)."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        name: tensor.detach().to(device="cpu", dtype=dtype).contiguous()
+        for name, tensor in drafter.state_dict().items()
+    }
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        config = drafter_config_dict(drafter.config, dtype)
+        (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        _replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst``; an old ``dst`` is moved aside first and removed after."""
+    old = None
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+    os.replace(src, dst)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_drafter_config(path: str | Path) -> Qwen3Config:
+    path = Path(path)
+    config_file = path / CONFIG_NAME
+    if not config_file.is_file():
+        raise DraftlineError(f"{path}: no {CONFIG_NAME}; expected a drafter directory (config.json + model.safetensors)")
+    try:
+        data = json.loads(config_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise DraftlineError(f"{config_file}: not valid JSON ({exc})") from exc
+    for name in ("block_size", "dflash_config"):
+        if name not in data:
+            raise DraftlineError(f"{config_file}: field {name!r} missing; this is not a DFlash drafter config")
+    extra = {k: data[k] for k in ("block_size", "num_target_layers", "dflash_config") if k in data}
+    config = Qwen3Config.from_dict(data)
+    for name, value in extra.items():
+        setattr(config, name, value)
+    if not getattr(config, "num_target_layers", None):
+        config.num_target_layers = max(config.dflash_config["target_layer_ids"]) + 1
+    validate_drafter_config(config)
+    return config
+
+
+def load_drafter(
+    path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> DFlashDrafter:
+    """Build a drafter from ``path`` and load its weights; every tensor must match by name and shape."""
+    path = Path(path)
+    config = load_drafter_config(path)
+    with torch.device("meta"):
+        drafter = DFlashDrafter(config)
+    expected = {name: tuple(t.shape) for name, t in drafter.state_dict().items()}
+    weights_file = path / WEIGHTS_NAME
+    if not weights_file.is_file():
+        raise DraftlineError(f"{path}: no {WEIGHTS_NAME}")
+    with safe_open(weights_file, framework="pt", device="cpu") as f:
+        names = set(f.keys())
+        missing = sorted(set(expected) - names)
+        extra = sorted(names - set(expected))
+        if missing or extra:
+            raise DraftlineError(
+                f"{weights_file}: tensors do not match the config ({config.num_hidden_layers} layers, "
+                f"{len(config.dflash_config['target_layer_ids'])} feature layers): "
+                + (f"missing {missing[:6]}{' ...' if len(missing) > 6 else ''}" if missing else "")
+                + ("; " if missing and extra else "")
+                + (f"unexpected {extra[:6]}{' ...' if len(extra) > 6 else ''}" if extra else "")
+                + ". A drafter checkpoint holds no embedding or LM head and no 'model.' prefix."
+            )
+        state = {}
+        for name in expected:
+            tensor = f.get_tensor(name)
+            if tuple(tensor.shape) != expected[name]:
+                raise DraftlineError(
+                    f"{weights_file}: {name} has shape {tuple(tensor.shape)}, the config needs {expected[name]}"
+                )
+            state[name] = tensor.to(dtype)
+    drafter = drafter.to_empty(device=device)
+    drafter.load_state_dict(state, strict=True)
+    return drafter.to(dtype)

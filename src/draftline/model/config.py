@@ -1,0 +1,213 @@
+"""The drafter's configuration, derived from the target's.
+
+The drafter is saved with ``model_type: "qwen3"`` and ``architectures: ["DFlashDraftModel"]`` so the
+official DFlash code, SGLang and vLLM load it as it is; its config object is therefore a
+``transformers.Qwen3Config`` carrying the DFlash fields (``block_size``, ``num_target_layers``,
+``dflash_config``). This module builds that config from a target config and validates it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from transformers import PretrainedConfig, Qwen3Config
+
+from draftline.errors import DraftlineError
+
+# Fields copied from the target when the caller does not override them.
+_SIZE_FIELDS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "rms_norm_eps",
+    "max_position_embeddings",
+)
+
+# Loss decay per block size from the DFlash paper; other sizes use block_size / 2.
+_PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+def default_target_layer_ids(num_target_layers: int, num_feature_layers: int) -> list[int]:
+    """The z-lab rule: which target layers feed the drafter.
+
+    ``[L // 2]`` for one layer, else ``round(1 + i * (L - 4) / (K - 1))`` for i in 0..K-1.
+    Id ``l`` means the OUTPUT of target decoder layer ``l`` (HF ``hidden_states[l + 1]``).
+    """
+    if num_feature_layers < 1:
+        raise DraftlineError(f"need at least one target feature layer, got {num_feature_layers}")
+    if num_feature_layers == 1:
+        return [num_target_layers // 2]
+    if num_target_layers < 5:
+        raise DraftlineError(
+            f"the target has {num_target_layers} layers; the default layer rule needs at least 5. "
+            "Pass target_layer_ids explicitly (e.g. --target-layer-ids 0,1)."
+        )
+    span = num_target_layers - 4
+    return [round(1 + i * span / (num_feature_layers - 1)) for i in range(num_feature_layers)]
+
+
+def default_loss_gamma(block_size: int) -> float:
+    """Decay constant of the per-position loss weights exp(-(k-1)/gamma)."""
+    return _PAPER_GAMMA.get(block_size, block_size / 2.0)
+
+
+def text_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The language-model part of a (possibly multimodal) target config."""
+    getter = getattr(config, "get_text_config", None)
+    return getter() if getter is not None else config
+
+
+def _rope_parameters(target: PretrainedConfig) -> dict[str, Any]:
+    rope = getattr(target, "rope_parameters", None)
+    if rope is None:  # transformers 4-style configs
+        rope = dict(getattr(target, "rope_scaling", None) or {})
+        rope.setdefault("rope_type", rope.pop("type", "default"))
+        rope["rope_theta"] = getattr(target, "rope_theta", 10000.0)
+    rope = dict(rope)
+    if "rope_type" not in rope:
+        raise DraftlineError(
+            "the target config's rope_parameters is per layer type, which the DFlash drafter "
+            "cannot copy; pass rope_parameters explicitly in the drafter overrides."
+        )
+    return copy.deepcopy(rope)
+
+
+def build_drafter_config(
+    target_config: PretrainedConfig,
+    *,
+    num_hidden_layers: int = 5,
+    block_size: int = 16,
+    mask_token_id: int | None = None,
+    target_layer_ids: list[int] | None = None,
+    layer_types: list[str] | None = None,
+    sliding_window: int | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Qwen3Config:
+    """The drafter config for ``target_config``; sizes default to the target's.
+
+    ``overrides`` sets any Qwen3Config field (heads, intermediate size, rope, ...) by name.
+    """
+    target = text_config(target_config)
+    overrides = dict(overrides or {})
+    num_target_layers = int(target.num_hidden_layers)
+    hidden_size = int(target.hidden_size)
+    num_heads = int(overrides.get("num_attention_heads", target.num_attention_heads))
+    head_dim = overrides.get("head_dim", getattr(target, "head_dim", None) or hidden_size // num_heads)
+    if target_layer_ids is None:
+        target_layer_ids = default_target_layer_ids(num_target_layers, num_hidden_layers)
+    if layer_types is None:
+        layer_types = ["full_attention"] * num_hidden_layers
+    if mask_token_id is None:
+        mask_token_id = default_mask_token_id(target)
+
+    fields: dict[str, Any] = {name: getattr(target, name) for name in _SIZE_FIELDS}
+    if fields["num_key_value_heads"] is None:
+        fields["num_key_value_heads"] = num_heads
+    fields.update(
+        hidden_size=hidden_size,
+        head_dim=int(head_dim),
+        vocab_size=int(target.vocab_size),
+        num_hidden_layers=num_hidden_layers,
+        hidden_act="silu",
+        attention_bias=False,
+        attention_dropout=0.0,
+        rope_parameters=_rope_parameters(target),
+        tie_word_embeddings=bool(getattr(target_config, "tie_word_embeddings", False)),
+        layer_types=list(layer_types),
+        use_sliding_window="sliding_attention" in layer_types,
+        sliding_window=sliding_window,
+        max_window_layers=0,
+    )
+    fields.update(overrides)
+    dflash: dict[str, Any] = {"mask_token_id": int(mask_token_id), "target_layer_ids": list(target_layer_ids)}
+    for name in ("final_logit_softcapping",):
+        if getattr(target, name, None):
+            dflash[name] = float(getattr(target, name))
+    config = Qwen3Config(**fields)
+    config.architectures = ["DFlashDraftModel"]
+    config.block_size = int(block_size)
+    config.num_target_layers = num_target_layers
+    config.dflash_config = dflash
+    dtype = getattr(target_config, "dtype", None) or getattr(target_config, "torch_dtype", None)
+    if dtype is not None:
+        config.dtype = dtype
+    validate_drafter_config(config)
+    return config
+
+
+def default_mask_token_id(target: PretrainedConfig) -> int:
+    """A row of the target's embedding to use as the mask token.
+
+    Qwen3's padded vocabulary has ``<|MASK|>`` at 151669. Elsewhere the caller should pass an id
+    (a reserved or padding token of the target's tokenizer); without one we take the last row.
+    """
+    vocab_size = int(target.vocab_size)
+    if vocab_size > 151669 and getattr(target, "model_type", "").startswith("qwen3"):
+        return 151669
+    return vocab_size - 1
+
+
+def validate_drafter_config(config: Qwen3Config) -> None:
+    """Raise DraftlineError naming the field and the fix if ``config`` is not a valid drafter."""
+    dflash = getattr(config, "dflash_config", None) or {}
+    block_size = getattr(config, "block_size", None)
+    if not isinstance(block_size, int) or block_size < 2:
+        raise DraftlineError(f"block_size must be an integer >= 2 (one anchor plus draft slots), got {block_size!r}")
+    mask_id = dflash.get("mask_token_id")
+    if not isinstance(mask_id, int) or not 0 <= mask_id < config.vocab_size:
+        raise DraftlineError(
+            f"dflash_config.mask_token_id={mask_id!r} is outside the target's vocabulary "
+            f"[0, {config.vocab_size}); pick an unused row of the target's embedding, e.g. a reserved token."
+        )
+    ids = dflash.get("target_layer_ids")
+    num_target_layers = getattr(config, "num_target_layers", None)
+    if not ids or not all(isinstance(i, int) for i in ids):
+        raise DraftlineError(f"dflash_config.target_layer_ids must be a non-empty list of ints, got {ids!r}")
+    if num_target_layers is not None and not all(0 <= i < num_target_layers for i in ids):
+        raise DraftlineError(
+            f"target_layer_ids {ids} must lie in [0, {num_target_layers}) (the target has "
+            f"{num_target_layers} decoder layers; id l means the output of layer l)."
+        )
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise DraftlineError(
+            f"num_attention_heads={config.num_attention_heads} is not a multiple of "
+            f"num_key_value_heads={config.num_key_value_heads}"
+        )
+    layer_types = list(config.layer_types or [])
+    if len(layer_types) != config.num_hidden_layers:
+        raise DraftlineError(
+            f"layer_types has {len(layer_types)} entries but num_hidden_layers={config.num_hidden_layers}; give one per layer"
+        )
+    unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+    if unknown:
+        raise DraftlineError(f"layer_types {unknown} unknown; use 'full_attention' or 'sliding_attention'")
+    if "sliding_attention" in layer_types and not config.sliding_window:
+        raise DraftlineError("a sliding_attention layer needs sliding_window (a positive number of positions)")
+
+
+def check_matches_target(drafter: Qwen3Config, target_config: PretrainedConfig) -> None:
+    """Raise DraftlineError if ``drafter`` cannot run on ``target_config`` (e.g. a warm start)."""
+    target = text_config(target_config)
+    problems = []
+    if drafter.hidden_size != target.hidden_size:
+        problems.append(f"hidden_size {drafter.hidden_size} != target's {target.hidden_size}")
+    if drafter.vocab_size != target.vocab_size:
+        problems.append(f"vocab_size {drafter.vocab_size} != target's {target.vocab_size}")
+    num_target_layers = int(target.num_hidden_layers)
+    ids = drafter.dflash_config.get("target_layer_ids", [])
+    if any(i >= num_target_layers for i in ids):
+        problems.append(f"target_layer_ids {ids} exceed the target's {num_target_layers} layers")
+    if problems:
+        raise DraftlineError(
+            "the drafter does not match the target: " + "; ".join(problems)
+            + ". The drafter shares the target's embedding, LM head and hidden size; train one for this target."
+        )
+
+
+def target_layer_ids(config: Qwen3Config) -> list[int]:
+    return list(config.dflash_config["target_layer_ids"])
+
+
+def mask_token_id(config: Qwen3Config) -> int:
+    return int(config.dflash_config["mask_token_id"])

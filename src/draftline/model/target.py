@@ -1,0 +1,162 @@
+"""The frozen target: features for the drafter, and its embedding and LM head.
+
+``TargetFeatures`` loads a Hugging Face causal LM with only the decoder layers up to the deepest
+feature layer (the rest and the LM head are never run) and returns, for a packed batch, the
+concatenated outputs of the selected layers. Documents in a batch do not see each other: the
+position ids restart at 0 for each one, which transformers turns into a per-document causal mask.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+from draftline.data.batch import PackedBatch
+from draftline.errors import DraftlineError
+from draftline.model.config import text_config
+
+
+def load_target_config(target_dir: str | Path) -> PretrainedConfig:
+    path = Path(target_dir)
+    if not (path / "config.json").is_file():
+        raise DraftlineError(f"{path}: no config.json; --target must be a Hugging Face model directory")
+    return AutoConfig.from_pretrained(path)
+
+
+@contextmanager
+def _quiet_transformers():
+    logger = logging.getLogger("transformers.modeling_utils")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _truncated_config(config: PretrainedConfig, num_layers: int) -> PretrainedConfig:
+    text = text_config(config)
+    text.num_hidden_layers = num_layers
+    for name in ("layer_types", "mlp_only_layers"):
+        value = getattr(text, name, None)
+        if isinstance(value, list) and len(value) > num_layers:
+            setattr(text, name, value[:num_layers])
+    return config
+
+
+def default_attention(device: torch.device) -> str:
+    # flex_attention handles packed documents block-sparsely on GPU; SDPA with a dense mask on CPU.
+    return "flex_attention" if device.type == "cuda" else "sdpa"
+
+
+class TargetFeatures:
+    """Runs the target up to its deepest feature layer; returns fused features [T, K * H]."""
+
+    def __init__(
+        self,
+        target_dir: str | Path,
+        layer_ids: list[int],
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.bfloat16,
+        attn_implementation: str | None = None,
+        keep_all_layers: bool = False,
+    ):
+        device = torch.device(device)
+        self.layer_ids = list(layer_ids)
+        config = load_target_config(target_dir)
+        num_layers = int(text_config(config).num_hidden_layers)
+        if max(self.layer_ids) >= num_layers or min(self.layer_ids) < 0:
+            raise DraftlineError(f"target_layer_ids {self.layer_ids} outside the target's {num_layers} layers")
+        if not keep_all_layers:
+            config = _truncated_config(config, max(self.layer_ids) + 1)
+        attn = attn_implementation or default_attention(device)
+        with _quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(
+                target_dir, config=config, dtype=dtype, attn_implementation=attn
+            )
+        model.requires_grad_(False).eval().to(device)
+        self.model = model
+        self.decoder = model.get_decoder()
+        self.device = device
+        self._captured: dict[int, torch.Tensor] = {}
+        for layer_id in set(self.layer_ids):
+            self.decoder.layers[layer_id].register_forward_hook(self._hook(layer_id))
+
+    def _hook(self, layer_id: int):
+        def capture(_module, _inputs, output):
+            self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return capture
+
+    @property
+    def hidden_size(self) -> int:
+        return int(text_config(self.model.config).hidden_size)
+
+    @torch.inference_mode()
+    def __call__(self, batch: PackedBatch) -> torch.Tensor:
+        input_ids = batch.input_ids.to(self.device, non_blocking=True)[None]
+        positions = batch.positions().to(self.device, non_blocking=True)[None]
+        self._captured.clear()
+        self.decoder(input_ids=input_ids, position_ids=positions, use_cache=False)
+        features = torch.cat([self._captured[i][0] for i in self.layer_ids], dim=-1)
+        self._captured.clear()
+        return features
+
+    def embed_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def head_weight(self) -> torch.Tensor:
+        head = self.model.get_output_embeddings()
+        return head.weight if head is not None else self.embed_weight()
+
+
+def _param_name(model: torch.nn.Module, module: torch.nn.Module | None) -> str | None:
+    if module is None:
+        return None
+    for name, candidate in model.named_modules():
+        if candidate is module:
+            return f"{name}.weight"
+    return None
+
+
+def _safetensors_index(target_dir: Path) -> dict[str, Path]:
+    index_file = target_dir / "model.safetensors.index.json"
+    if index_file.is_file():
+        weight_map = json.loads(index_file.read_text())["weight_map"]
+        return {name: target_dir / fname for name, fname in weight_map.items()}
+    single = target_dir / "model.safetensors"
+    if not single.is_file():
+        raise DraftlineError(f"{target_dir}: no model.safetensors or index; save the target with save_pretrained")
+    with safe_open(single, framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+def load_embedding_and_head(
+    target_dir: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's input embedding [V, H] and LM head [V, H], read without loading the model."""
+    target_dir = Path(target_dir)
+    config = load_target_config(target_dir)
+    with torch.device("meta"), _quiet_transformers():
+        skeleton = AutoModelForCausalLM.from_config(config)
+    embed_name = _param_name(skeleton, skeleton.get_input_embeddings())
+    head_name = _param_name(skeleton, skeleton.get_output_embeddings())
+    files = _safetensors_index(target_dir)
+
+    def read(name: str) -> torch.Tensor:
+        with safe_open(files[name], framework="pt", device="cpu") as f:
+            tensor = f.get_tensor(name)
+        return tensor.to(device=device, dtype=dtype or tensor.dtype)
+
+    if embed_name not in files:
+        raise DraftlineError(f"{target_dir}: the checkpoint has no {embed_name}")
+    embed = read(embed_name)
+    head = read(head_name) if head_name in files else embed  # tied embeddings
+    return embed, head

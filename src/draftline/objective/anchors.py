@@ -1,0 +1,55 @@
+"""Anchor sampling: which positions start a training block.
+
+Per DOCUMENT (not per packed row: that starves short conversations), up to ``max_anchors``
+positions ``p`` with ``loss_mask[p]`` and ``loss_mask[p + 1]`` set, sampled uniformly without
+replacement. The draw depends only on (seed, epoch, sample id), so a document gets the same anchors
+whichever batch, rank or resume it lands in, and new ones every epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from draftline.data.batch import PackedBatch
+
+
+def anchor_seed(seed: int, epoch: int, sample_id: int) -> int:
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{sample_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def eligible_anchor_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Positions p of one document with loss_mask[p] and loss_mask[p + 1], [n]."""
+    if loss_mask.shape[0] < 2:
+        return torch.zeros(0, dtype=torch.long)
+    ok = loss_mask[:-1] & loss_mask[1:]
+    return torch.nonzero(ok, as_tuple=False).flatten()
+
+
+def sample_anchors(batch: PackedBatch, max_anchors: int, seed: int) -> torch.Tensor:
+    """Flat token indices of the anchors of ``batch``, sorted (so grouped by document), [N].
+
+    Runs on the host from CPU tensors.
+    """
+    if max_anchors < 1:
+        raise ValueError(f"max_anchors must be >= 1, got {max_anchors}")
+    loss_mask = batch.loss_mask.cpu()
+    starts = batch.doc_starts().tolist()
+    lengths = batch.doc_lengths.tolist()
+    sample_ids = batch.sample_ids.tolist()
+    picked = []
+    generator = torch.Generator()
+    for start, length, sid in zip(starts, lengths, sample_ids):
+        eligible = eligible_anchor_positions(loss_mask[start : start + length])
+        if eligible.numel() == 0:
+            continue
+        if eligible.numel() > max_anchors:
+            generator.manual_seed(anchor_seed(seed, batch.epoch, sid))
+            choice = torch.randperm(eligible.numel(), generator=generator)[:max_anchors]
+            eligible = eligible[choice].sort().values
+        picked.append(eligible + start)
+    if not picked:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.cat(picked)

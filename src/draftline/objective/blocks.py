@@ -1,0 +1,134 @@
+"""Training blocks: inputs, positions, labels and loss weights for every anchor of a batch.
+
+Block of anchor p (docs/DFLASH.md): input ``[x_p, MASK x (B-1)]`` at positions ``p .. p+B-1``;
+slot k (1..B-1) is labelled with the data's own token ``x_{p+k}`` (same position: NOT shifted), kept
+only when ``loss_mask[p+k]`` is set and ``p+k`` is inside the document; slot 0 has no label. Weight
+of slot k: ``exp(-(k-1) / gamma)``.
+
+Everything here is built on the host from CPU tensors and moved to the device in one go.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from draftline.data.batch import PackedBatch
+from draftline.model.attention import BlockLayout
+
+
+@dataclass
+class BlockBatch:
+    """All blocks of one batch, rows ordered anchor-major (row = a * B + k)."""
+
+    layout: BlockLayout
+    block_input_ids: torch.Tensor  # [N * B] int64
+    block_positions: torch.Tensor  # [N * B] int64
+    context_positions: torch.Tensor  # [T] int64
+    label_rows: torch.Tensor  # [M] int64, rows with a valid label
+    labels: torch.Tensor  # [M] int64
+    label_weights: torch.Tensor  # [M] float32
+    num_anchors: int
+    block_size: int
+
+    def to(self, device: torch.device | str) -> "BlockBatch":
+        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        return BlockBatch(
+            self.layout.to(device),
+            move(self.block_input_ids),
+            move(self.block_positions),
+            move(self.context_positions),
+            move(self.label_rows),
+            move(self.labels),
+            move(self.label_weights),
+            self.num_anchors,
+            self.block_size,
+        )
+
+    def pin_memory(self) -> "BlockBatch":
+        if not torch.cuda.is_available():
+            return self
+        pin = lambda t: t.pin_memory()  # noqa: E731
+        layout = BlockLayout(
+            pin(self.layout.context_doc),
+            pin(self.layout.context_pos),
+            pin(self.layout.anchor_doc),
+            pin(self.layout.anchor_pos),
+            self.layout.block_size,
+        )
+        return BlockBatch(
+            layout,
+            pin(self.block_input_ids),
+            pin(self.block_positions),
+            pin(self.context_positions),
+            pin(self.label_rows),
+            pin(self.labels),
+            pin(self.label_weights),
+            self.num_anchors,
+            self.block_size,
+        )
+
+
+def position_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """Loss weight of each block slot, [B]; slot 0 (the anchor) has weight 0."""
+    k = torch.arange(block_size, dtype=torch.float32)
+    weights = torch.exp(-(k - 1) / gamma)
+    weights[0] = 0.0
+    return weights
+
+
+def build_blocks(
+    batch: PackedBatch,
+    anchors: torch.Tensor,
+    *,
+    block_size: int,
+    mask_token_id: int,
+    gamma: float,
+) -> BlockBatch:
+    """Blocks for ``anchors`` (flat token indices into ``batch``, sorted), on the host."""
+    if block_size < 2:
+        raise ValueError(f"block_size must be >= 2, got {block_size}")
+    if not math.isfinite(gamma) or gamma <= 0:
+        raise ValueError(f"gamma must be a positive number, got {gamma}")
+    input_ids = batch.input_ids.cpu()
+    loss_mask = batch.loss_mask.cpu()
+    doc_of_token = batch.doc_ids().cpu()
+    pos_of_token = batch.positions().cpu()
+    doc_end = (batch.doc_starts() + batch.doc_lengths).cpu()  # exclusive, per document
+    num_tokens = input_ids.shape[0]
+    num_anchors = int(anchors.shape[0])
+
+    slots = torch.arange(block_size)
+    anchor_doc = doc_of_token[anchors]
+    anchor_pos = pos_of_token[anchors]
+    block_ids = torch.full((num_anchors, block_size), mask_token_id, dtype=torch.long)
+    block_ids[:, 0] = input_ids[anchors]
+    block_positions = anchor_pos[:, None] + slots[None, :]
+
+    # Label of slot k is the token at the same position, x_{p+k}: the target's next-token at p+k-1.
+    target_index = anchors[:, None] + slots[None, :]  # [N, B]
+    inside = target_index < doc_end[anchor_doc][:, None]
+    safe_index = target_index.clamp(max=num_tokens - 1)
+    valid = inside & loss_mask[safe_index]
+    valid[:, 0] = False
+    weights = position_weights(block_size, gamma)[None, :].expand(num_anchors, block_size)
+
+    flat_valid = valid.reshape(-1)
+    label_rows = torch.nonzero(flat_valid, as_tuple=False).flatten()
+    labels = input_ids[safe_index.reshape(-1)[label_rows]]
+    label_weights = weights.reshape(-1)[label_rows].contiguous()
+
+    layout = BlockLayout(doc_of_token, pos_of_token, anchor_doc, anchor_pos, block_size)
+    return BlockBatch(
+        layout=layout,
+        block_input_ids=block_ids.reshape(-1),
+        block_positions=block_positions.reshape(-1),
+        context_positions=pos_of_token,
+        label_rows=label_rows,
+        labels=labels,
+        label_weights=label_weights,
+        num_anchors=num_anchors,
+        block_size=block_size,
+    )

@@ -1,0 +1,107 @@
+"""The DFlash training objective over a packed batch: one attention pass for all blocks.
+
+``DFlashObjective.forward`` returns the UNNORMALISED weighted loss sum of a pass. The caller
+divides the accumulated gradients by the total label weight of the whole optimizer step (summed
+over micro-batches and ranks), so the result does not depend on how a step is split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from draftline.data.batch import PackedBatch
+from draftline.model.attention import make_attention
+from draftline.model.config import default_loss_gamma, mask_token_id
+from draftline.model.drafter import DFlashDrafter
+from draftline.objective.anchors import sample_anchors
+from draftline.objective.blocks import BlockBatch, build_blocks
+from draftline.objective.head_loss import chunked_head_loss
+from draftline.objective.metrics import pass_metrics
+
+
+@dataclass
+class ObjectiveSettings:
+    max_anchors: int = 512
+    """Anchors sampled per document (not per packed row)."""
+    gamma: float | None = None
+    """Decay of the per-slot loss weights; None = the paper's value for the block size."""
+    head_chunk_rows: int = 4096
+    """Rows of logits materialised at once by the LM head."""
+    attention: str = "auto"
+    """'auto' (flex on GPU, dense on CPU), 'flex' or 'dense'."""
+    seed: int = 0
+
+
+class DFlashObjective:
+    """Blocks from a packed batch and the weighted cross-entropy of the drafter on them.
+
+    ``embed_weight`` and ``head_weight`` are the target's, frozen (no gradients).
+    """
+
+    def __init__(
+        self,
+        drafter: DFlashDrafter,
+        embed_weight: torch.Tensor,
+        head_weight: torch.Tensor,
+        settings: ObjectiveSettings | None = None,
+    ):
+        self.drafter = drafter
+        self.settings = settings or ObjectiveSettings()
+        config = drafter.config
+        self.block_size = drafter.block_size
+        self.mask_token_id = mask_token_id(config)
+        self.gamma = self.settings.gamma or default_loss_gamma(self.block_size)
+        dflash = getattr(config, "dflash_config", {}) or {}
+        self.embed_scale = float(dflash.get("input_embedding_scale", 1.0))
+        self.logit_multiplier = float(dflash.get("output_multiplier", 1.0))
+        self.softcap = dflash.get("final_logit_softcapping")
+        self.embed_weight = embed_weight.detach()
+        self.head_weight = head_weight.detach()
+
+    def blocks(self, batch: PackedBatch) -> BlockBatch:
+        """Anchors, block inputs and labels of ``batch``, built on the host."""
+        anchors = sample_anchors(batch, self.settings.max_anchors, self.settings.seed)
+        return build_blocks(
+            batch, anchors, block_size=self.block_size, mask_token_id=self.mask_token_id, gamma=self.gamma
+        )
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(ids, self.embed_weight)
+        return x * self.embed_scale if self.embed_scale != 1.0 else x
+
+    def hidden(self, features: torch.Tensor, blocks: BlockBatch) -> torch.Tensor:
+        """Final drafter hidden states of every block row, [N * B, H]."""
+        attend = make_attention(blocks.layout, self.drafter.config, self.settings.attention)
+        return self.drafter(
+            self.embed(blocks.block_input_ids),
+            features,
+            blocks.block_positions,
+            blocks.context_positions,
+            attend,
+        )
+
+    def forward(self, features: torch.Tensor, blocks: BlockBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weighted loss sum, metrics vector) of one pass; both stay on the device."""
+        if blocks.num_anchors == 0:
+            zero = features.sum() * 0.0  # keeps the graph connected for a batch without anchors
+            return zero, pass_metrics(zero, torch.zeros(0, dtype=torch.bool, device=features.device),
+                                      blocks.label_rows, blocks.label_weights, 0, self.block_size)
+        hidden = self.hidden(features, blocks)
+        loss_sum, correct = chunked_head_loss(
+            hidden[blocks.label_rows],
+            self.head_weight,
+            blocks.labels,
+            blocks.label_weights,
+            chunk_rows=self.settings.head_chunk_rows,
+            multiplier=self.logit_multiplier,
+            softcap=self.softcap,
+        )
+        metrics = pass_metrics(
+            loss_sum.detach(), correct, blocks.label_rows, blocks.label_weights, blocks.num_anchors, self.block_size
+        )
+        return loss_sum, metrics
+
+    __call__ = forward

@@ -1,0 +1,33 @@
+"""Shared fixtures: tiny random targets built from a config and saved with save_pretrained."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+from helpers import make_llama_target, make_qwen3_target  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def qwen3_target(tmp_path_factory):
+    return make_qwen3_target(tmp_path_factory.mktemp("qwen3_target"))
+
+
+@pytest.fixture(scope="session")
+def llama_target(tmp_path_factory):
+    return make_llama_target(tmp_path_factory.mktemp("llama_target"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
