@@ -101,6 +101,8 @@ class FlexAttention:
 
         self.scale = scale
         self.layer_types = layer_types
+        # Compiled kernels on GPU; on CPU the eager flex path is a slow but exact cross-check.
+        self.compiled = layout.context_doc.is_cuda
         num_ctx = layout.num_context
         block = layout.block_size
         ctx_doc, ctx_pos = layout.context_doc, layout.context_pos
@@ -125,7 +127,7 @@ class FlexAttention:
                 return ctx_ok | blk_ok
 
             return create_block_mask(
-                mask_mod, None, None, layout.num_queries, total_kv, device=ctx_doc.device, _compile=True
+                mask_mod, None, None, layout.num_queries, total_kv, device=ctx_doc.device, _compile=self.compiled
             )
 
         self.block_masks = {kind: make(kind == "sliding_attention") for kind in set(layer_types)}
@@ -134,7 +136,8 @@ class FlexAttention:
         from torch.nn.attention.flex_attention import flex_attention
 
         mask = self.block_masks[self.layer_types[layer_idx]]
-        return _compiled_flex()(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=q.shape[1] != k.shape[1])
+        kernel = _compiled_flex() if self.compiled else flex_attention
+        return kernel(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
 _FLEX = None

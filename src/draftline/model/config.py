@@ -100,6 +100,7 @@ def build_drafter_config(
         layer_types = ["full_attention"] * num_hidden_layers
     if mask_token_id is None:
         mask_token_id = default_mask_token_id(target)
+    check_layer_types(list(layer_types), num_hidden_layers, sliding_window)
 
     fields: dict[str, Any] = {name: getattr(target, name) for name in _SIZE_FIELDS}
     if fields["num_key_value_heads"] is None:
@@ -174,15 +175,18 @@ def validate_drafter_config(config: Qwen3Config) -> None:
             f"num_attention_heads={config.num_attention_heads} is not a multiple of "
             f"num_key_value_heads={config.num_key_value_heads}"
         )
-    layer_types = list(config.layer_types or [])
-    if len(layer_types) != config.num_hidden_layers:
+    check_layer_types(list(config.layer_types or []), config.num_hidden_layers, config.sliding_window)
+
+
+def check_layer_types(layer_types: list[str], num_layers: int, sliding_window: int | None) -> None:
+    if len(layer_types) != num_layers:
         raise DraftlineError(
-            f"layer_types has {len(layer_types)} entries but num_hidden_layers={config.num_hidden_layers}; give one per layer"
+            f"layer_types has {len(layer_types)} entries but num_hidden_layers={num_layers}; give one per layer"
         )
     unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
     if unknown:
         raise DraftlineError(f"layer_types {unknown} unknown; use 'full_attention' or 'sliding_attention'")
-    if "sliding_attention" in layer_types and not config.sliding_window:
+    if "sliding_attention" in layer_types and not sliding_window:
         raise DraftlineError("a sliding_attention layer needs sliding_window (a positive number of positions)")
 
 

@@ -99,7 +99,7 @@ class TargetFeatures:
     def hidden_size(self) -> int:
         return int(text_config(self.model.config).hidden_size)
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: the drafter's autograd graph starts from these features
     def __call__(self, batch: PackedBatch) -> torch.Tensor:
         input_ids = batch.input_ids.to(self.device, non_blocking=True)[None]
         positions = batch.positions().to(self.device, non_blocking=True)[None]

@@ -12,7 +12,8 @@ import torch
 
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, softcap: float | None):
-    logits = (h.to(weight.dtype) @ weight.t()).float()
+    logits = h.to(weight.dtype) @ weight.t()
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least, fp64 in tests
     if multiplier != 1.0:
         logits = logits * multiplier
     tanh = None
@@ -27,14 +28,14 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     def forward(ctx, hidden, weight, labels, row_weights, chunk_rows, multiplier, softcap):
         need_grad = ctx.needs_input_grad[0]
         rows = hidden.shape[0]
-        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        loss = torch.zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
         correct = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if need_grad else None
         for start in range(0, rows, chunk_rows):
             end = min(start + chunk_rows, rows)
             logits, tanh = _chunk_logits(hidden[start:end], weight, multiplier, softcap)
             label = labels[start:end]
-            w = row_weights[start:end].float()
+            w = row_weights[start:end].to(loss.dtype)
             lse = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(1, label[:, None]).squeeze(1)
             loss = loss + ((lse - picked) * w).sum()
@@ -81,8 +82,9 @@ def chunked_head_loss(
 
 def plain_head_loss(hidden, head_weight, labels, row_weights, *, multiplier=1.0, softcap=None):
     """The same quantity with full logits materialised; the reference for tests."""
-    logits = (hidden.to(head_weight.dtype) @ head_weight.t()).float() * multiplier
+    logits = hidden.to(head_weight.dtype) @ head_weight.t()
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) * multiplier
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
-    return (ce * row_weights.float()).sum(), logits.argmax(-1) == labels
+    return (ce * row_weights.to(logits.dtype)).sum(), logits.argmax(-1) == labels

@@ -1,0 +1,109 @@
+"""The DFlash visibility rule: what a block may and may not see."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftline.data.batch import PackedBatch
+from draftline.model.attention import BlockLayout, DenseAttention, FlexAttention, dense_mask
+from draftline.model.config import build_drafter_config
+from draftline.model.drafter import DFlashDrafter
+from draftline.model.target import load_target_config
+from draftline.objective.blocks import build_blocks
+
+
+def layout_for(lengths, anchors_per_doc, block):
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    pos = torch.cat([torch.arange(n) for n in lengths])
+    a_doc = torch.tensor([d for d, ps in enumerate(anchors_per_doc) for _ in ps])
+    a_pos = torch.tensor([p for ps in anchors_per_doc for p in ps])
+    return BlockLayout(doc, pos, a_doc, a_pos, block)
+
+
+def test_full_attention_mask_rule():
+    layout = layout_for([6, 5], [[0, 3], [2]], block=3)
+    mask = dense_mask(layout, sliding=False, window=None)
+    T = 11
+    # anchor 1 (doc 0, pos 3): sees doc-0 positions 0,1,2 only, and its own whole block.
+    rows = mask[3:6]
+    assert rows[:, :T].int().tolist() == [[1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0]] * 3
+    assert rows[:, T:].int().tolist() == [[0, 0, 0, 1, 1, 1, 0, 0, 0]] * 3  # bidirectional, own block only
+    # anchor 0 at position 0 sees no context at all.
+    assert not mask[0:3, :T].any()
+    # anchor 2 (doc 1, pos 2) sees doc-1 positions 0 and 1 (token indices 6, 7), nothing of doc 0.
+    assert mask[6:9, :T].nonzero()[:, 1].unique().tolist() == [6, 7]
+
+
+def test_sliding_attention_mask_is_causal_in_block_and_windowed():
+    layout = layout_for([10], [[6]], block=4)
+    mask = dense_mask(layout, sliding=True, window=3)
+    T = 10
+    for j in range(4):
+        q_pos = 6 + j
+        ctx = mask[j, :T].nonzero().flatten().tolist()
+        assert ctx == [t for t in range(6) if q_pos - t < 3]
+        blk = mask[j, T:].nonzero().flatten().tolist()
+        assert blk == [i for i in range(4) if i <= j and j - i < 3]
+
+
+def test_flex_path_equals_dense_path():
+    torch.manual_seed(0)
+    layout = layout_for([9, 13, 4], [[1, 5, 7], [0, 4, 11], [2]], block=4)
+    q_rows = layout.num_queries
+    kv = layout.num_context + q_rows
+    q = torch.randn(1, 4, q_rows, 8)
+    k = torch.randn(1, 2, kv, 8)
+    v = torch.randn(1, 2, kv, 8)
+    types = ["full_attention", "sliding_attention"]
+    dense = DenseAttention(layout, types, 5, 8**-0.5)
+    flex = FlexAttention(layout, types, 5, 8**-0.5)
+    for layer in range(2):
+        torch.testing.assert_close(flex(q, k, v, layer), dense(q, k, v, layer), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "layer_types",
+    [["full_attention"] * 2, ["sliding_attention", "full_attention"], ["sliding_attention"] * 2],
+)
+def test_blocks_do_not_see_later_context_other_blocks_or_documents(qwen3_target, layer_types):
+    """Perturbing what a block must not see leaves its output unchanged; what it sees changes it."""
+    config = build_drafter_config(
+        load_target_config(qwen3_target), num_hidden_layers=2, block_size=4, layer_types=layer_types, sliding_window=6
+    )
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(config).float()
+    drafter.reset_parameters(std=0.2)
+    docs = [(list(range(1, 13)), [True] * 12), (list(range(20, 30)), [True] * 10)]
+    batch = PackedBatch.from_documents(docs)
+    anchors = torch.tensor([3, 7, 12 + 5])  # doc 0 at 3 and 7, doc 1 at 5
+    blocks = build_blocks(batch, anchors, block_size=4, mask_token_id=0, gamma=4.0)
+    H = config.hidden_size
+    feats = torch.randn(batch.num_tokens, len(drafter.target_layer_ids) * H)
+    embeds = torch.randn(blocks.block_input_ids.shape[0], H)
+
+    def run(f, e):
+        attend = DenseAttention(blocks.layout, layer_types, 6, config.head_dim**-0.5)
+        with torch.no_grad():
+            return drafter(e, f, blocks.block_positions, blocks.context_positions, attend)
+
+    base = run(feats, embeds)
+    # Context at or after anchor 0's position (index 3..11), and all of doc 1: invisible to block 0.
+    f2 = feats.clone()
+    f2[3:] += torch.randn_like(f2[3:])
+    torch.testing.assert_close(run(f2, embeds)[0:4], base[0:4])
+    assert not torch.allclose(run(f2, embeds)[4:8], base[4:8])  # block 1 (anchor 7) sees positions 3..6
+    # Another block's inputs: invisible.
+    e2 = embeds.clone()
+    e2[4:12] += torch.randn_like(e2[4:12])
+    torch.testing.assert_close(run(feats, e2)[0:4], base[0:4])
+    # Doc 0 is invisible to doc 1's block (anchor at doc-1 position 5).
+    f3 = feats.clone()
+    f3[:12] += torch.randn_like(f3[:12])
+    torch.testing.assert_close(run(f3, embeds)[8:12], base[8:12])
+    # Full attention is bidirectional inside the block (the last slot reaches slot 0); sliding
+    # layers are causal, so with only sliding layers it cannot.
+    e3 = embeds.clone()
+    e3[3] += torch.randn_like(e3[3])
+    changed = not torch.allclose(run(feats, e3)[0], base[0])
+    assert changed == ("full_attention" in layer_types)

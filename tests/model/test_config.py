@@ -1,0 +1,63 @@
+"""Drafter config from the target's: the layer rule, sizes, and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import LlamaConfig, Qwen3Config
+
+from draftline.errors import DraftlineError
+from draftline.model.config import (
+    build_drafter_config,
+    check_matches_target,
+    default_target_layer_ids,
+)
+from draftline.model.target import load_target_config
+
+
+def test_zlab_layer_rule():
+    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # Qwen3-8B
+    assert default_target_layer_ids(64, 5) == [1, 16, 31, 46, 61]  # Qwen3.6-27B
+    assert default_target_layer_ids(36, 1) == [18]
+
+
+def test_sizes_follow_the_target_and_overrides_apply():
+    target = Qwen3Config(hidden_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=32,
+                         intermediate_size=200, num_hidden_layers=12, vocab_size=500, max_position_embeddings=4096)
+    config = build_drafter_config(target, num_hidden_layers=3, block_size=8, overrides={"intermediate_size": 64})
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (96, 6, 2, 32)
+    assert config.intermediate_size == 64
+    assert config.max_position_embeddings == 4096
+    assert config.dflash_config["target_layer_ids"] == default_target_layer_ids(12, 3)
+    assert config.layer_types == ["full_attention"] * 3
+
+
+def test_llama_target(llama_target):
+    config = build_drafter_config(load_target_config(llama_target), num_hidden_layers=2)
+    assert config.hidden_size == 48 and config.head_dim == 12 and config.tie_word_embeddings
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"mask_token_id": 320}, "mask_token_id=320 is outside"),
+        ({"mask_token_id": -1}, "outside the target's vocabulary"),
+        ({"block_size": 1}, "block_size must be an integer >= 2"),
+        ({"target_layer_ids": [0, 8]}, "must lie in [0, 8)"),
+        ({"layer_types": ["full_attention"]}, "layer_types has 1 entries"),
+        ({"layer_types": ["sliding_attention", "full_attention"]}, "needs sliding_window"),
+        ({"layer_types": ["causal", "full_attention"]}, "unknown"),
+    ],
+)
+def test_bad_drafter_settings_name_the_field(qwen3_target, kwargs, needle):
+    with pytest.raises(DraftlineError, match=needle.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=2, **kwargs)
+
+
+def test_drafter_that_cannot_match_target(qwen3_target, llama_target):
+    drafter = build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=2)
+    with pytest.raises(DraftlineError, match="hidden_size 64 != target's 48"):
+        check_matches_target(drafter, load_target_config(llama_target))
+    check_matches_target(drafter, load_target_config(qwen3_target))
+    small = LlamaConfig(hidden_size=64, num_hidden_layers=3, vocab_size=320, num_attention_heads=4)
+    with pytest.raises(DraftlineError, match="exceed the target's 3 layers"):
+        check_matches_target(drafter, small)
