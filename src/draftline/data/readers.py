@@ -1,0 +1,271 @@
+"""Reading conversation records from JSONL, JSON, Parquet or a Hugging Face dataset.
+
+Reading and parsing are split on purpose: ``read_sources`` only yields raw payloads (a JSONL line
+is passed on unparsed), so the main process of ``prepare`` stays a cheap reader and the JSON
+parsing runs in the tokenizing workers. Every payload carries where it came from, because every
+error and every ``--strict`` skip has to name the file and line.
+
+``normalize`` turns any supported record shape into one of two things: a list of
+``{"role", "content"}`` messages (OpenAI and ShareGPT) or a ``PreTokenized`` record.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from draftline.errors import DraftlineError
+
+# Why a record was skipped; prepare and regenerate count records under these names.
+NO_ASSISTANT_TURN = "no_assistant_turn"
+EMPTY_CONTENT = "empty_content"
+UNKNOWN_ROLE = "unknown_role"
+MASK_MISMATCH = "template_mask_mismatch"
+TEMPLATE_ERROR = "template_error"
+OVERLONG = "overlong"
+NO_TRAINED_TOKENS = "no_trained_tokens"
+UNRECOGNISED_RECORD = "unrecognised_record"
+
+SKIP_REASONS = {
+    NO_ASSISTANT_TURN: "no assistant turn",
+    EMPTY_CONTENT: "a user or assistant turn with empty content",
+    UNKNOWN_ROLE: "a role other than system/user/assistant",
+    MASK_MISMATCH: "the chat template moved or dropped an assistant turn (mask not verifiable)",
+    TEMPLATE_ERROR: "the chat template refused the conversation",
+    OVERLONG: "longer than --max-length (with --overlong drop)",
+    NO_TRAINED_TOKENS: "no assistant token left (after truncation, or an all-false loss_mask)",
+    UNRECOGNISED_RECORD: "neither messages, conversations nor input_ids + loss_mask",
+}
+
+_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
+}
+
+
+class SkipRecord(Exception):
+    """A record that cannot become a training sample; counted by ``reason`` (or an error with --strict)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    where: str  # "file:line" or "file record N": what an error message points at
+    index: int  # 0-based position among the source's records: the record's stable id
+    payload: Any  # a raw JSONL line (str) or an already decoded record (dict)
+
+
+@dataclass
+class PreTokenized:
+    input_ids: np.ndarray  # int64
+    loss_mask: np.ndarray  # bool
+
+
+def _is_hf_name(source: str) -> bool:
+    return not Path(source).suffix and source.count("/") <= 1 and not source.startswith((".", "/"))
+
+
+def _read_jsonl(path: Path) -> Iterator[SourceRecord]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    index = 0
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if line.strip():
+                yield SourceRecord(f"{path}:{line_no}", index, line)
+                index += 1
+
+
+def _read_json(path: Path) -> Iterator[SourceRecord]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data":  # one object per line under a .json name
+            yield from _read_jsonl(path)
+            return
+        raise DraftlineError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg}); fix the file or convert it to JSONL") from None
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise DraftlineError(f"{path}: expected a JSON list of records (or one record object), got {type(data).__name__}")
+    for i, record in enumerate(data):
+        yield SourceRecord(f"{path} record {i}", i, record)
+
+
+def _read_parquet(path: Path) -> Iterator[SourceRecord]:
+    import pyarrow.parquet as pq
+
+    index = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+        for record in batch.to_pylist():
+            yield SourceRecord(f"{path} row {index}", index, record)
+            index += 1
+
+
+def _read_hf(source: str) -> Iterator[SourceRecord]:
+    name, _, split = source.partition(":")
+    try:
+        import datasets
+    except ImportError:
+        raise DraftlineError(
+            f"{source!r} is not a file; reading a Hugging Face dataset by name needs the `datasets` package "
+            "(pip install datasets) and a reachable hub. Or download it and pass the JSONL/Parquet files."
+        ) from None
+    try:
+        ds = datasets.load_dataset(name, split=split or "train")
+    except Exception as exc:  # the hub, the network or the name: the cause is in the message
+        raise DraftlineError(f"could not load Hugging Face dataset {name!r} (split {split or 'train'!r}): {exc}") from None
+    for i, record in enumerate(ds):
+        yield SourceRecord(f"{source} row {i}", i, record)
+
+
+def source_kind(source: str | Path) -> str:
+    """``jsonl``, ``json``, ``parquet`` or ``hf``; an error for anything else, before any reading."""
+    path = Path(source)
+    if path.is_file():
+        name = path.name.lower()
+        if name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
+            return "jsonl"
+        if name.endswith(".json"):
+            return "json"
+        if name.endswith(".parquet"):
+            return "parquet"
+        raise DraftlineError(f"{path}: unknown file type; use .jsonl, .jsonl.gz, .json or .parquet")
+    if path.exists():
+        raise DraftlineError(f"{path} is a directory; pass the data files themselves (e.g. {path}/*.jsonl)")
+    if _is_hf_name(str(source)):
+        return "hf"
+    raise DraftlineError(f"{source}: no such file")
+
+
+def read_source(source: str | Path) -> Iterator[SourceRecord]:
+    """Raw records of one input: a .jsonl[.gz] / .json / .parquet file, or ``NAME[:SPLIT]`` on the HF hub."""
+    kind = source_kind(source)
+    if kind == "hf":
+        return _read_hf(str(source))
+    return {"jsonl": _read_jsonl, "json": _read_json, "parquet": _read_parquet}[kind](Path(source))
+
+
+def count_records(source: str | Path) -> int | None:
+    """Roughly how many records a source holds, cheaply (for the progress bar); None if unknown."""
+    path = Path(source)
+    if not path.is_file():
+        return None
+    name = path.name.lower()
+    if name.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    if name.endswith((".jsonl", ".ndjson", ".json")):
+        count = 0
+        with open(path, "rb") as f:
+            while block := f.read(1 << 24):
+                count += block.count(b"\n")
+        return max(count, 1)
+    return None
+
+
+def decode(record: SourceRecord) -> dict:
+    """The record as a dict; a malformed JSON line is an error naming the file and line."""
+    payload = record.payload
+    if isinstance(payload, str):
+        try:
+            payload = json.loads(payload)
+        except json.JSONDecodeError as exc:
+            raise DraftlineError(f"{record.where}: malformed JSON ({exc.msg} at column {exc.colno}); fix or remove the line") from None
+    if not isinstance(payload, dict):
+        raise DraftlineError(f"{record.where}: expected a JSON object per record, got {type(payload).__name__}")
+    return payload
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts: only text can be trained on
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                parts.append(str(part.get("text", "")))
+            else:
+                raise SkipRecord(UNRECOGNISED_RECORD, f"non-text content part {str(part)[:60]!r}")
+        return "".join(parts)
+    raise SkipRecord(UNRECOGNISED_RECORD, f"content of type {type(content).__name__}")
+
+
+def _messages(turns: list, role_key: str, content_key: str) -> list[dict]:
+    messages = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise SkipRecord(UNRECOGNISED_RECORD, f"turn {i} is not an object")
+        raw_role = str(turn.get(role_key, "")).strip().lower()
+        role = _ROLES.get(raw_role)
+        if role is None:
+            raise SkipRecord(UNKNOWN_ROLE, f"turn {i} has role {turn.get(role_key)!r}")
+        content = _text(turn.get(content_key))
+        if not content.strip():
+            if role == "system":
+                continue  # an empty system prompt says nothing; dropping it changes no trained token
+            raise SkipRecord(EMPTY_CONTENT, f"turn {i} ({role}) is empty")
+        message = {"role": role, "content": content}
+        reasoning = turn.get("reasoning_content")
+        if role == "assistant" and isinstance(reasoning, str) and reasoning.strip():
+            message["reasoning_content"] = reasoning
+        messages.append(message)
+    return messages
+
+
+def conversation(record: dict) -> list[dict]:
+    """OpenAI ``messages`` or ShareGPT ``conversations`` as ``[{"role", "content"}, ...]``.
+
+    Turns after the last assistant turn are cut: they would cost tokens and train nothing.
+    """
+    if isinstance(record.get("messages"), list):
+        messages = _messages(record["messages"], "role", "content")
+    elif isinstance(record.get("conversations"), list):
+        turns = record["conversations"]
+        keys = ("role", "content") if turns and isinstance(turns[0], dict) and "role" in turns[0] else ("from", "value")
+        messages = _messages(turns, *keys)
+    else:
+        raise SkipRecord(UNRECOGNISED_RECORD, f"keys {sorted(record)[:8]}")
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+    if last < 0:
+        raise SkipRecord(NO_ASSISTANT_TURN)
+    return messages[: last + 1]
+
+
+def normalize(record: dict) -> list[dict] | PreTokenized:
+    """A conversation, or a pre-tokenized record; raises ``SkipRecord`` for anything else."""
+    if "input_ids" in record and "messages" not in record and "conversations" not in record:
+        if "loss_mask" not in record:
+            raise SkipRecord(UNRECOGNISED_RECORD, "input_ids without loss_mask")
+        ids = np.asarray(record["input_ids"], dtype=np.int64)
+        mask = np.asarray(record["loss_mask"]).astype(bool)
+        if ids.ndim != 1 or mask.shape != ids.shape or ids.size == 0:
+            raise SkipRecord(UNRECOGNISED_RECORD, f"input_ids ({ids.size}) and loss_mask ({mask.size}) must be equal-length lists")
+        return PreTokenized(ids, mask)
+    return conversation(record)
+
+
+def prompt_messages(messages: list[dict]) -> list[dict]:
+    """The conversation up to (not including) its first assistant turn: a prompt for evaluation."""
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    return messages[:first]

@@ -1,0 +1,159 @@
+"""The target's chat template, and loss masks on exactly the tokens the target would generate.
+
+The drafter learns to predict the target's replies, so the mask covers each assistant turn and the
+end-of-turn token that closes it (so the drafter learns to stop), and nothing the template adds
+around it (role headers, the generation prompt). Templates differ wildly, so the mask is not
+guessed from token patterns; it is located in the rendered text and then checked:
+
+1. Render the whole conversation once and tokenize it with offsets.
+2. For assistant turn i, render turns 0..i-1 with the generation prompt. When that is a prefix of
+   the full text, the turn starts where the prompt ends (what the template makes the model emit
+   first, e.g. an empty think block, belongs to the reply). When it is not (templates that rewrite
+   earlier turns, like Qwen3 dropping old reasoning), the turn starts at its content.
+3. The content must appear verbatim after that start, followed (after whitespace only) by one of
+   the target's end-of-turn tokens. The span runs from the start to the end of that token.
+4. The tokens must tile each span exactly: no token straddles a span edge. Anything else means the
+   template moved or dropped the turn, and the record is skipped as a template mismatch rather
+   than trained with a wrong mask.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from draftline.data.readers import MASK_MISMATCH, TEMPLATE_ERROR, SkipRecord
+from draftline.errors import DraftlineError
+
+
+def target_vocab_size(target_dir: str | Path) -> int:
+    """``vocab_size`` of the target's (text) config.json: the rows of its embedding."""
+    path = Path(target_dir) / "config.json"
+    if not path.is_file():
+        raise DraftlineError(f"{target_dir}: no config.json; --target must be a Hugging Face model directory")
+    config = json.loads(path.read_text())
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if not size:
+        raise DraftlineError(f"{path}: no vocab_size; is this a causal language model's config?")
+    return int(size)
+
+
+def _eos_ids(target_dir: Path) -> set[int]:
+    ids: set[int] = set()
+    for name in ("generation_config.json", "config.json"):
+        path = target_dir / name
+        if path.is_file():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+    return ids
+
+
+def load_tokenizer(target_dir: str | Path):
+    """The target's fast tokenizer, checked against its embedding size (a mismatch stops here)."""
+    from transformers import AutoTokenizer
+
+    target_dir = Path(target_dir)
+    vocab_size = target_vocab_size(target_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    except Exception as exc:
+        raise DraftlineError(f"{target_dir}: could not load the tokenizer ({exc}); the target directory needs tokenizer.json") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise DraftlineError(f"{target_dir}: the tokenizer is not a fast (Rust) tokenizer; masks need its offsets. Add a tokenizer.json.")
+    if len(tokenizer) > vocab_size:
+        raise DraftlineError(
+            f"{target_dir}: the tokenizer has {len(tokenizer)} tokens but config.json says vocab_size {vocab_size}: "
+            "token ids would fall outside the target's embedding. The tokenizer does not belong to this model; "
+            "use the tokenizer files that came with the target."
+        )
+    return tokenizer
+
+
+class ChatEncoder:
+    """Renders and tokenizes conversations for one target; ``encode`` returns ids and a verified mask."""
+
+    def __init__(self, target_dir: str | Path, *, thinking: bool | None = None):
+        self.target_dir = Path(target_dir)
+        self.tokenizer = load_tokenizer(target_dir)
+        self.vocab_size = target_vocab_size(target_dir)
+        template = self.tokenizer.chat_template
+        if not template:
+            raise DraftlineError(
+                f"{target_dir}: the tokenizer has no chat_template (a base model?). Use an instruct target, "
+                "or pass records already tokenized as input_ids + loss_mask."
+            )
+        self.template_has_thinking = "enable_thinking" in str(template)
+        self._template_kwargs = {"enable_thinking": thinking} if thinking is not None and self.template_has_thinking else {}
+        self._backend = self.tokenizer.backend_tokenizer
+        eos_ids = _eos_ids(self.target_dir)
+        if self.tokenizer.eos_token_id is not None:
+            eos_ids.add(self.tokenizer.eos_token_id)
+        self.end_of_turn = sorted({self.tokenizer.convert_ids_to_tokens(i) for i in eos_ids if i is not None and i < len(self.tokenizer)})
+        if not self.end_of_turn:
+            raise DraftlineError(f"{target_dir}: no eos_token_id in the tokenizer or config; cannot tell where a turn ends")
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = False) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self._template_kwargs
+            )
+        except Exception as exc:  # jinja raise_exception(...): the template's own rule
+            raise SkipRecord(TEMPLATE_ERROR, str(exc)[:200]) from None
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        """Token ids of ``messages`` rendered with the generation prompt (what generation starts from)."""
+        text = self.render(messages, add_generation_prompt=True)
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def assistant_spans(self, messages: list[dict], text: str) -> list[tuple[int, int]]:
+        """Character spans ``[start, end)`` of every assistant turn plus its end-of-turn token."""
+        spans: list[tuple[int, int]] = []
+        cursor = 0
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            prompt = self.render(messages[:i], add_generation_prompt=True)
+            gen_start = len(prompt) if len(prompt) >= cursor and text.startswith(prompt) else None
+            search_from = cursor if gen_start is None else gen_start
+            content = message["content"]
+            pos = text.find(content, search_from)
+            if pos < 0:
+                content = content.strip()
+                pos = text.find(content, search_from)
+            if pos < 0:
+                raise SkipRecord(MASK_MISMATCH, f"assistant turn {i} does not appear verbatim in the rendered text")
+            if gen_start is not None and any(eot in text[gen_start:pos] for eot in self.end_of_turn):
+                raise SkipRecord(MASK_MISMATCH, f"assistant turn {i} found only in a later turn of the rendered text")
+            after = pos + len(content)
+            rest = text[after : after + 256]
+            gap = len(rest) - len(rest.lstrip())
+            eot = next((t for t in self.end_of_turn if rest.startswith(t, gap)), None)
+            if eot is None:
+                raise SkipRecord(MASK_MISMATCH, f"assistant turn {i} is not closed by an end-of-turn token ({', '.join(self.end_of_turn)})")
+            end = after + gap + len(eot)
+            spans.append((pos if gen_start is None else gen_start, end))
+            cursor = end
+        return spans
+
+    def encode(self, messages: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+        """``(input_ids int64 [T], loss_mask bool [T])`` of a conversation; ``SkipRecord`` if unverifiable."""
+        text = self.render(messages)
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        ids = np.asarray(encoding.ids, dtype=np.int64)
+        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        starts, ends = offsets[:, 0], offsets[:, 1]
+        mask = np.zeros(len(ids), dtype=bool)
+        for turn, (span_start, span_end) in enumerate(self.assistant_spans(messages, text)):
+            # a leading-space token ("_Hello" in SentencePiece) may start just before the span
+            first = int(np.searchsorted(ends, span_start, side="right"))
+            if first < len(ids) and starts[first] < span_start and not text[starts[first] : span_start].strip():
+                span_start = int(starts[first])
+            inside = (starts >= span_start) & (ends <= span_end)
+            straddles = (starts < span_end) & (ends > span_start) & ~inside
+            covered = ends[inside]
+            if straddles.any() or not inside.any() or starts[inside][0] != span_start or covered.max() != span_end:
+                raise SkipRecord(MASK_MISMATCH, f"assistant turn {turn + 1}: tokens do not line up with the turn's text")
+            mask |= inside
+        return ids, mask
