@@ -1,0 +1,205 @@
+"""The status display: a live ``rich`` panel on a terminal, one plain line per interval in a log.
+
+    ┌ draftline · step 1,234/10,000 · epoch 2/6 · ETA 3h12m ─────────────────────┐
+    │ throughput   Ktok/s  samples/s  TFLOP/s  MFU     (peak and its source)     │
+    │ queues       q_pre per target, q_hs, batches/s and waiting per side        │
+    │              -> which side waits and what to change                        │
+    │ training     loss, accuracy, tau, lr, grad norm, skipped; acc by slot      │
+    │ GPUs         rank, role, name, memory used/total, utilisation              │
+    └────────────────────────────────────────────────────────────────────────────┘
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import IO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from draftline.monitor.status import LineStatus, format_duration
+
+# A side that waits less than this is busy enough; balance is never perfect.
+WAIT_THRESHOLD = 0.10
+
+
+def _known(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _num(value: float | None, spec: str = ".3g") -> str:
+    return format(value, spec) if _known(value) else "n/a"
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:.0%}" if _known(value) else "n/a"
+
+
+def _steps(status: LineStatus) -> str:
+    total = f"/{status.total_steps:,}" if status.total_steps is not None else ""
+    return f"step {status.step:,}{total}"
+
+
+def _epoch(status: LineStatus) -> str:
+    total = f"/{status.num_epochs}" if status.num_epochs is not None else ""
+    return f"epoch {status.epoch + 1}{total}"
+
+
+def _queue(fill: int, capacity: int | None) -> str:
+    return f"{fill}/{capacity}" if capacity is not None else str(fill)
+
+
+def _q_pre(status: LineStatus) -> str:
+    if not status.q_pre:
+        return "n/a"
+    return " ".join(_queue(fill, status.q_pre_capacity) for fill in status.q_pre)
+
+
+def _acc_row(status: LineStatus) -> str:
+    # Whole percents keep all 15 slots of a B=16 block on one short line.
+    return " ".join(f"{a * 100:.0f}" if _known(a) else "--" for a in status.accuracy_by_position)
+
+
+def balance_advice(status: LineStatus) -> str:
+    """Which side of the line waits, how much, and what to change.
+
+    Targets wait when q_hs is full (drafters are slower) or their prefetch queues are empty (data
+    is slower); drafters wait when q_hs is empty (targets are slower).
+    """
+    target, drafter = status.target_wait, status.drafter_wait
+    if not _known(target) or not _known(drafter):
+        return "no waiting figures yet"
+    target_waits, drafter_waits = target > WAIT_THRESHOLD, drafter > WAIT_THRESHOLD
+    if target_waits and drafter_waits:
+        return (
+            f"both sides wait (targets {target:.0%}, drafters {drafter:.0%} of the time): the hand-off "
+            "between them is slow, not the GPU split; check the transport and host-side work"
+        )
+    if drafter_waits:
+        return f"drafters wait {drafter:.0%} of the time (q_hs empty): add targets or raise --token-budget"
+    if target_waits:
+        data_starved = bool(status.q_pre) and max(status.q_pre) == 0
+        hs_full = status.q_hs_capacity is None or status.q_hs >= status.q_hs_capacity
+        if data_starved and not hs_full:
+            return f"targets wait {target:.0%} of the time on data (q_pre empty): data loading is the bottleneck"
+        return f"targets wait {target:.0%} of the time (q_hs full): add drafters or lower --max-anchors"
+    return f"balanced: targets wait {target:.0%}, drafters {drafter:.0%} of the time"
+
+
+def render_panel(status: LineStatus) -> Panel:
+    """The status as one ``rich`` panel."""
+    throughput = Table.grid(padding=(0, 2))
+    for _ in range(5):
+        throughput.add_column(justify="right")
+    throughput.add_row("Ktok/s", "samples/s", "TFLOP/s", "MFU", "trained on")
+    throughput.add_row(_num(status.ktok_s, ".1f"), _num(status.samples_s, ".2f"), _num(status.tflops, ".0f"),
+                       _pct_1(status.mfu), f"{status.samples:,} samples, {status.tokens / 1e6:,.1f}M tokens")
+    peak = Text(status.peak.describe() if status.peak is not None else "peak n/a: MFU unknown", style="dim")
+
+    queues = Table.grid(padding=(0, 2))
+    queues.add_column(style="bold")
+    queues.add_column()
+    queues.add_row("q_pre", _q_pre(status))
+    queues.add_row("q_hs", _queue(status.q_hs, status.q_hs_capacity))
+    queues.add_row("targets", f"{_num(status.target_batches_s, '.2f')} batches/s, wait {_pct(status.target_wait)}")
+    queues.add_row("drafters", f"{_num(status.drafter_batches_s, '.2f')} batches/s, wait {_pct(status.drafter_wait)}")
+    queues.add_row("balance", Text(balance_advice(status), style="yellow"))
+
+    training = Table.grid(padding=(0, 2))
+    training.add_column(style="bold")
+    training.add_column()
+    training.add_row(
+        "loss",
+        f"{_num(status.loss, '.4f')}   acc {_num(status.accuracy, '.3f')}   tau {_num(status.expected_acceptance, '.2f')}"
+        f"   lr {_num(status.lr, '.2e')}   grad {_num(status.grad_norm, '.3f')}   skipped {status.skipped_steps}",
+    )
+    training.add_row("acc % by slot", _acc_row(status) or "n/a")
+
+    gpus = Table(box=None, padding=(0, 2), show_edge=False)
+    for name in ("rank", "role", "device", "memory", "util"):
+        gpus.add_column(name, style="bold" if name == "rank" else None)
+    for gpu in status.gpus:
+        gpus.add_row(_opt(gpu.rank), _opt(gpu.role), gpu.name, gpu.memory_text(), gpu.util_text())
+    if not status.gpus:
+        gpus.add_row("-", "-", "no GPU", "n/a", "n/a")
+
+    title = f"draftline · {_steps(status)} · {_epoch(status)} · ETA {format_duration(status.eta_s)}"
+    body = Group(
+        Text("throughput", style="bold cyan"), throughput, peak,
+        Text("queues", style="bold cyan"), queues,
+        Text("training", style="bold cyan"), training,
+        Text("GPUs", style="bold cyan"), gpus,
+    )
+    return Panel(body, title=title, title_align="left")
+
+
+def _pct_1(value: float | None) -> str:
+    return f"{value:.1%}" if _known(value) else "n/a"
+
+
+def _opt(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def status_line(status: LineStatus) -> str:
+    """The status as one plain line, for logs."""
+    gpus = " ".join(
+        f"[{_opt(g.rank)}:{_opt(g.role)} {g.memory_text()} {g.util_text()}]" for g in status.gpus
+    ) or "n/a"
+    return (
+        f"{_steps(status)} {_epoch(status)} | {_num(status.ktok_s, '.1f')} Ktok/s "
+        f"{_num(status.samples_s, '.2f')} samples/s {_num(status.tflops, '.0f')} TFLOP/s MFU {_pct_1(status.mfu)} | "
+        f"q_pre {_q_pre(status)} q_hs {_queue(status.q_hs, status.q_hs_capacity)} | "
+        f"targets {_num(status.target_batches_s, '.2f')} b/s wait {_pct(status.target_wait)} | "
+        f"drafters {_num(status.drafter_batches_s, '.2f')} b/s wait {_pct(status.drafter_wait)} | "
+        f"loss {_num(status.loss, '.4f')} acc {_num(status.accuracy, '.3f')} "
+        f"tau {_num(status.expected_acceptance, '.2f')} lr {_num(status.lr, '.2e')} "
+        f"grad {_num(status.grad_norm, '.3f')} skipped {status.skipped_steps} | "
+        f"acc% {_acc_row(status) or 'n/a'} | GPUs {gpus} | ETA {format_duration(status.eta_s)} | "
+        f"{balance_advice(status)}"
+    )
+
+
+class Dashboard:
+    """Shows successive statuses: a live panel on a terminal, else one line per ``update``.
+
+    The peak behind MFU, with its source, is printed once in line mode (the panel always shows it).
+    """
+
+    def __init__(self, console: Console | None = None, *, live: bool | None = None, file: IO[str] | None = None):
+        self.console = console or Console(file=file or sys.stdout)
+        self.live = self.console.is_terminal if live is None else live
+        self._live: Live | None = None
+        self._peak_printed = False
+
+    def update(self, status: LineStatus) -> None:
+        if self.live:
+            panel = render_panel(status)
+            if self._live is None:
+                self._live = Live(panel, console=self.console, auto_refresh=False, transient=False)
+                self._live.start()
+            self._live.update(panel, refresh=True)
+            return
+        if not self._peak_printed and status.peak is not None:
+            self._print(f"MFU against {status.peak.describe()}")
+            self._peak_printed = True
+        self._print(status_line(status))
+
+    def _print(self, line: str) -> None:
+        # No markup, no wrapping: log lines must stay greppable whatever the console width.
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def __enter__(self) -> "Dashboard":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

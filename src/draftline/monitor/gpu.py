@@ -1,0 +1,145 @@
+"""Memory and utilisation per GPU, for the status panel.
+
+Sources, best first: NVML (``pynvml`` from the optional ``nvidia-ml-py`` package: device-wide
+memory like nvidia-smi, and utilisation), then ``torch.cuda.mem_get_info`` (memory only), then
+nothing ("n/a"). Nothing here raises: a monitor that crashes the run it watches is worse than a
+blank cell.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+_GIB = 1024**3
+
+
+@dataclass
+class GpuStats:
+    """One device's memory and utilisation at one moment; None where unknown."""
+
+    name: str
+    """Device name as torch reports it (``"cpu"`` for a CPU rank)."""
+    mem_used_gib: float | None = None
+    """Memory in use on the whole device (all processes with NVML), GiB."""
+    mem_total_gib: float | None = None
+    """Device memory, GiB."""
+    util: float | None = None
+    """Fraction of the last sample period a kernel was running (NVML), 0..1."""
+    rank: int | None = None
+    """Global rank that reported it; set by the caller."""
+    role: str | None = None
+    """``"target"``, ``"drafter"`` or ``"colocated"``; set by the caller."""
+
+    def to_record(self) -> dict[str, Any]:
+        """The metrics.jsonl entry: ``{rank, role, name, mem_used_gib, mem_total_gib, util}``."""
+        record = asdict(self)
+        return {key: record[key] for key in ("rank", "role", "name", "mem_used_gib", "mem_total_gib", "util")}
+
+    def memory_text(self) -> str:
+        if self.mem_used_gib is None or self.mem_total_gib is None:
+            return "n/a"
+        return f"{self.mem_used_gib:.1f}/{self.mem_total_gib:.1f} GiB"
+
+    def util_text(self) -> str:
+        return "n/a" if self.util is None else f"{self.util:.0%}"
+
+
+# NVML state: None = not tried yet, False = unavailable, else the imported module.
+_nvml: Any = None
+
+
+def _nvml_module() -> Any:
+    global _nvml
+    if _nvml is None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            _nvml = pynvml
+        except Exception:  # not installed, no driver, or an NVML error: fall back quietly
+            _nvml = False
+    return _nvml or None
+
+
+def _nvml_handle(nvml: Any, index: int) -> Any:
+    """NVML's handle for torch device ``index``.
+
+    NVML numbers all of the host's GPUs while torch numbers the ones CUDA_VISIBLE_DEVICES shows,
+    so match by UUID, then by PCI address; the bare index only when nothing is hidden.
+    """
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        except Exception:
+            pass
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is not None:
+        address = f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+        try:
+            return nvml.nvmlDeviceGetHandleByPciBusId(address)
+        except Exception:
+            pass
+    if "CUDA_VISIBLE_DEVICES" not in os.environ:
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+    return None
+
+
+def _nvml_stats(index: int, name: str) -> GpuStats | None:
+    nvml = _nvml_module()
+    if nvml is None:
+        return None
+    try:
+        handle = _nvml_handle(nvml, index)
+        if handle is None:
+            return None
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
+        return GpuStats(name, memory.used / _GIB, memory.total / _GIB, util)
+    except Exception:
+        return None
+
+
+def device_stats(device: torch.device | str | int) -> GpuStats:
+    """Stats of one torch device (a rank's own). CPU, or any failure, gives None fields ("n/a")."""
+    try:
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if device.type != "cuda" or not torch.cuda.is_available():
+            return GpuStats(name=device.type)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        name = torch.cuda.get_device_name(index)
+        stats = _nvml_stats(index, name)
+        if stats is not None:
+            return stats
+        # mem_get_info creates a CUDA context on the device: fine for the rank's own device only.
+        free, total = torch.cuda.mem_get_info(index)
+        return GpuStats(name, (total - free) / _GIB, total / _GIB, None)
+    except Exception:
+        return GpuStats(name=str(device))
+
+
+def local_gpu_stats() -> list[GpuStats]:
+    """Stats of every GPU this process sees; empty without CUDA.
+
+    Without NVML only the current device has memory figures: asking another device through
+    torch would create a CUDA context (hundreds of MiB) on it.
+    """
+    try:
+        if not torch.cuda.is_available():
+            return []
+        current = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+        stats = []
+        for index in range(torch.cuda.device_count()):
+            name = torch.cuda.get_device_name(index)
+            found = _nvml_stats(index, name)
+            if found is None:
+                found = device_stats(index) if index == current else GpuStats(name)
+            stats.append(found)
+        return stats
+    except Exception:
+        return []

@@ -1,0 +1,190 @@
+"""One status snapshot of the training line, and the meters that produce its rates.
+
+``LineStatus`` holds exactly what the dashboard shows and what a ``kind: "train"`` record of
+``metrics.jsonl`` carries (docs/ARCHITECTURE.md). The trainer fills it every monitor interval from
+host-side values only; building one never touches the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from draftline.monitor.flops import PeakFlops
+from draftline.monitor.gpu import GpuStats
+
+_NaN = float("nan")
+
+
+@dataclass
+class LineStatus:
+    """The training line at one moment. Rates are over the monitor's recent window."""
+
+    step: int = 0
+    """Optimizer steps done."""
+    total_steps: int | None = None
+    """Optimizer steps the run will take (None if unknown)."""
+    epoch: int = 0
+    """Epoch the drafters are training on (0-based)."""
+    num_epochs: int | None = None
+    """Epochs of the run, for display."""
+    samples: int = 0
+    """Samples (documents) trained on so far."""
+    tokens: int = 0
+    """Tokens trained on so far."""
+
+    loss: float = _NaN
+    """Mean weighted loss over the window."""
+    accuracy: float = _NaN
+    """Top-1 accuracy over all labelled slots."""
+    accuracy_by_position: list[float] = field(default_factory=list)
+    """Top-1 accuracy of block slots 1..B-1."""
+    expected_acceptance: float = _NaN
+    """Acceptance length tau a greedy verifier would give on the training blocks."""
+    lr: float = _NaN
+    """Learning rate of the last step."""
+    grad_norm: float = _NaN
+    """Gradient norm before clipping, last step."""
+    skipped_steps: int = 0
+    """Steps skipped for a non-finite loss or gradient, whole run."""
+
+    ktok_s: float = _NaN
+    """Thousands of tokens per second consumed by the drafters."""
+    samples_s: float = _NaN
+    """Samples per second consumed by the drafters."""
+    tflops: float = _NaN
+    """Counted model TFLOP/s of the whole line (targets + drafters), per docs/PERF.md."""
+    mfu: float = _NaN
+    """``tflops`` over the peak of all GPUs in the line, 0..1."""
+
+    q_pre: list[int] = field(default_factory=list)
+    """Ready token batches in each target's prefetch queue."""
+    q_hs: int = 0
+    """Hidden-state batches waiting for a drafter."""
+    target_wait: float = _NaN
+    """Fraction of wall time the targets spent waiting (on data or on a full q_hs)."""
+    drafter_wait: float = _NaN
+    """Fraction of wall time the drafters spent waiting on an empty q_hs."""
+    target_batches_s: float = _NaN
+    """Batches per second produced by all targets."""
+    drafter_batches_s: float = _NaN
+    """Batches per second consumed by all drafters."""
+    eta_s: float | None = None
+    """Seconds to the last step at the recent rate."""
+    gpus: list[GpuStats] = field(default_factory=list)
+    """Memory and utilisation of each GPU of the line."""
+
+    time: float = field(default_factory=time.time)
+    """Unix time of the snapshot."""
+    elapsed_s: float = 0.0
+    """Seconds since the run (this start of it) began."""
+
+    # Display only: not part of the metrics record.
+    q_pre_capacity: int | None = None
+    """Capacity of each prefetch queue."""
+    q_hs_capacity: int | None = None
+    """Capacity of the hidden-state queue."""
+    peak: PeakFlops | None = None
+    """The per-GPU peak MFU is measured against, with its source."""
+
+    def to_record(self) -> dict[str, Any]:
+        """The ``kind: "train"`` line of metrics.jsonl."""
+        return {
+            "kind": "train",
+            "time": self.time,
+            "elapsed_s": self.elapsed_s,
+            "step": self.step,
+            "total_steps": self.total_steps,
+            "epoch": self.epoch,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "loss": self.loss,
+            "accuracy": self.accuracy,
+            "accuracy_by_position": list(self.accuracy_by_position),
+            "expected_acceptance": self.expected_acceptance,
+            "lr": self.lr,
+            "grad_norm": self.grad_norm,
+            "skipped_steps": self.skipped_steps,
+            "ktok_s": self.ktok_s,
+            "samples_s": self.samples_s,
+            "tflops": self.tflops,
+            "mfu": self.mfu,
+            "q_pre": list(self.q_pre),
+            "q_hs": self.q_hs,
+            "target_wait": self.target_wait,
+            "drafter_wait": self.drafter_wait,
+            "target_batches_s": self.target_batches_s,
+            "drafter_batches_s": self.drafter_batches_s,
+            "eta_s": self.eta_s,
+            "gpus": [gpu.to_record() for gpu in self.gpus],
+        }
+
+
+class RateMeter:
+    """Amount per second over the last ``window_s`` seconds (tokens, samples, batches, steps).
+
+    Feeding it seconds spent waiting gives the waiting fraction: waited seconds per wall second.
+    The window ends at "now", so a stalled producer's rate falls to zero instead of freezing.
+    """
+
+    def __init__(self, window_s: float = 30.0, now: float | None = None):
+        if window_s <= 0:
+            raise ValueError(f"window_s must be positive, got {window_s}")
+        self.window_s = window_s
+        self.total = 0.0
+        self._points: deque[tuple[float, float]] = deque([(self._now(now), 0.0)])
+
+    @staticmethod
+    def _now(now: float | None) -> float:
+        return time.monotonic() if now is None else now
+
+    def add(self, amount: float, now: float | None = None) -> None:
+        self.total += amount
+        self._points.append((self._now(now), self.total))
+        self._prune(self._now(now))
+
+    def _prune(self, now: float) -> None:
+        # Keep one point at or before the window's start so the window stays fully covered.
+        start = now - self.window_s
+        while len(self._points) > 1 and self._points[1][0] <= start:
+            self._points.popleft()
+
+    def rate(self, now: float | None = None) -> float:
+        """Amount per second since the window's start (or since the meter began); NaN at t=0."""
+        now = self._now(now)
+        self._prune(now)
+        first_time, first_total = self._points[0]
+        start = max(first_time, now - self.window_s)
+        if now <= start:
+            return _NaN
+        if first_time < start:
+            # The oldest point lies before the window: interpolate the total at the window's start.
+            next_time, next_total = self._points[1] if len(self._points) > 1 else (now, self.total)
+            share = (start - first_time) / (next_time - first_time) if next_time > first_time else 1.0
+            first_total += share * (next_total - first_total)
+        return (self.total - first_total) / (now - start)
+
+
+def eta_seconds(steps_done: int, total_steps: int | None, steps_per_s: float) -> float | None:
+    """Seconds to ``total_steps`` at ``steps_per_s``; None when it cannot be known yet."""
+    if total_steps is None or not math.isfinite(steps_per_s) or steps_per_s <= 0:
+        return None
+    return max(0, total_steps - steps_done) / steps_per_s
+
+
+def format_duration(seconds: float | None) -> str:
+    """``3725`` -> ``"1h02m"``; ``None`` -> ``"n/a"``."""
+    if seconds is None or not math.isfinite(seconds):
+        return "n/a"
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s"

@@ -1,0 +1,149 @@
+"""FLOP counter: hand-computed tiny cases, the dense mask's pair count, and docs/PERF.md's table."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from transformers import Qwen3Config
+
+from draftline.model.attention import BlockLayout, dense_mask
+from draftline.model.config import build_drafter_config
+from draftline.monitor.flops import (
+    DrafterShape,
+    PeakFlops,
+    TargetShape,
+    attention_flops,
+    drafter_flops,
+    drafter_flops_breakdown,
+    known_peak,
+    linear_flops,
+    measure_peak_flops,
+    mfu,
+    reference_drafter_flops,
+    reference_target_flops,
+    resolve_peak,
+    target_flops,
+)
+
+TINY_TARGET = TargetShape(hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
+                          num_layers=3, vocab_size=10)
+TINY_DRAFTER = DrafterShape(hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
+                            num_layers=2, vocab_size=10, target_layer_ids=(0, 1), block_size=4)
+
+
+def test_linear_and_attention_rules():
+    assert linear_flops(3, 5, 7) == 3 * 2 * 35
+    assert linear_flops(3, 5, 7, backward=True) == 3 * 6 * 35
+    assert linear_flops(3, 5, 7, backward=True, input_grad=False) == 3 * 4 * 35
+    assert attention_flops(10, 2, 4) == 4 * 2 * 4 * 10
+    assert attention_flops(10, 2, 4, backward=True) == 3 * 4 * 2 * 4 * 10
+
+
+def test_target_tiny_by_hand():
+    # Per layer and token: q 8x8, o 8x8, k 8x4, v 8x4, MLP 3x8x16 = 576 weights -> 2*576 FLOPs.
+    linears = 2 * 576 * 5 * 2  # 5 tokens, 2 layers run
+    # Causal pairs: a 3-token document has 1+2+3, a 2-token one 1+2; forward 4*heads*head_dim each.
+    attention = 2 * 4 * 2 * 4 * (6 + 3)
+    assert target_flops(TINY_TARGET, [3, 2], num_layers_run=2) == linears + attention
+    # Packing is free: two documents cost less attention than one of the same total length.
+    assert target_flops(TINY_TARGET, torch.tensor([3, 2]), 2) < target_flops(TINY_TARGET, [5], 2)
+
+
+def test_target_rejects_more_layers_than_it_has():
+    with pytest.raises(ValueError, match="num_layers_run"):
+        target_flops(TINY_TARGET, [4], num_layers_run=4)
+
+
+def test_drafter_tiny_by_hand():
+    parts = drafter_flops_breakdown(TINY_DRAFTER, num_context_rows=6, anchor_positions=[1, 3], num_labelled_rows=5)
+    assert parts["layers"] == 2 * 8 * 6 * 576  # 2 layers, 2 anchors x 4 rows, fwd+bwd with input grad
+    assert parts["context_kv"] == 2 * 6 * 6 * (2 * 8 * 4)  # k, v over 6 context rows, input grad (C is trained)
+    assert parts["fc"] == 6 * 4 * (2 * 8 * 8)  # K*H -> H, forward + weight gradient only
+    # Visible keys per row = anchor position + block: 4 rows x (1 + 4) + 4 rows x (3 + 4) = 48.
+    assert parts["attention"] == 2 * 3 * 4 * 2 * 4 * 48
+    assert parts["lm_head"] == 5 * 4 * 8 * 10  # frozen head: forward + input gradient
+    assert drafter_flops(TINY_DRAFTER, num_context_rows=6, anchor_positions=[1, 3], num_labelled_rows=5) == 73792
+
+
+def test_drafter_rejects_labels_on_slot_zero():
+    with pytest.raises(ValueError, match="slot 0"):
+        drafter_flops(TINY_DRAFTER, num_context_rows=6, anchor_positions=[1, 3], num_labelled_rows=7)
+
+
+@pytest.mark.parametrize("sliding, window", [(False, None), (True, None), (True, 3), (True, 6)])
+def test_attention_pairs_match_the_dense_mask(sliding, window):
+    # Two documents, anchors anywhere in them: the counter's pairs equal the mask's True entries.
+    doc_lengths = torch.tensor([7, 5])
+    context_doc = torch.repeat_interleave(torch.arange(2), doc_lengths)
+    context_pos = torch.cat([torch.arange(7), torch.arange(5)])
+    anchor_doc, anchor_pos = torch.tensor([0, 0, 0, 1, 1]), torch.tensor([0, 2, 6, 1, 4])
+    layout = BlockLayout(context_doc, context_pos, anchor_doc, anchor_pos, block_size=4)
+    shape = DrafterShape(8, 2, 1, 4, 16, 1, 10, (0,), block_size=4, sliding=(sliding,), sliding_window=window)
+    parts = drafter_flops_breakdown(shape, num_context_rows=12, anchor_positions=anchor_pos, num_labelled_rows=0)
+    pairs = parts["attention"] / attention_flops(1, 2, 4, backward=True)
+    assert pairs == int(dense_mask(layout, sliding=sliding, window=window).sum())
+
+
+def _qwen3(hidden, layers, heads, intermediate):
+    return Qwen3Config(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=intermediate, vocab_size=151936)
+
+
+@pytest.mark.parametrize(
+    "target_config, layer_ids, target_tflop, drafter_tflop, samples_s, ktok_s",
+    [
+        (_qwen3(4096, 36, 32, 12288), (1, 9, 17, 25, 33), 39.3, 71.1, 7.1, 20.2),
+        (_qwen3(5120, 64, 64, 25600), (1, 16, 31, 46, 61), 179, 152, 2.4, 6.7),
+    ],
+    ids=["qwen3-8b", "qwen3-32b-class"],
+)
+def test_perf_md_reference_table(target_config, layer_ids, target_tflop, drafter_tflop, samples_s, ktok_s):
+    """docs/PERF.md's table follows from: one 2,826-token document per sample, layers up to the
+    deepest feature layer, 512 anchors spread evenly over the whole document (mean position
+    (L-1)/2, no prompt excluded), 15 labelled rows per anchor, every drafter linear inside the
+    layers with an input gradient."""
+    target = TargetShape.from_config(target_config)
+    drafter = DrafterShape.from_config(build_drafter_config(target_config))
+    assert drafter.target_layer_ids == layer_ids and drafter.block_size == 16 and drafter.num_layers == 5
+    target_per_sample = reference_target_flops(target, drafter.target_layers_run)
+    drafter_per_sample = reference_drafter_flops(drafter, mean_length=2826, num_anchors=512)
+    assert target_per_sample / 1e12 == pytest.approx(target_tflop, rel=0.003)
+    assert drafter_per_sample / 1e12 == pytest.approx(drafter_tflop, rel=0.003)
+    # The ceiling column: one H200 at 788 TFLOP/s doing both sides.
+    ceiling = 788e12 / (target_per_sample + drafter_per_sample)
+    assert round(ceiling, 1) == samples_s
+    assert round(ceiling * 2826 / 1e3, 1) == ktok_s
+
+
+def test_mfu_arithmetic():
+    assert mfu(788e12, 1.0, 788e12) == pytest.approx(1.0)
+    assert mfu(8 * 394e12 * 2, 2.0, 788e12, num_gpus=8) == pytest.approx(0.5)
+    assert math.isnan(mfu(1e12, 0.0, 788e12))
+    with pytest.raises(ValueError):
+        mfu(1e12, 1.0, 0.0)
+
+
+def test_known_peak_and_sources():
+    assert known_peak("NVIDIA H200") == PeakFlops(788e12, known_peak("NVIDIA H200").source)
+    assert "known: development H200" in known_peak("NVIDIA H200").source
+    assert known_peak("NVIDIA H200 NVL") is None  # other power limit, other peak: measure it
+    given = resolve_peak("cpu", override_flops=1e12)
+    assert given.flops == 1e12 and "given" in given.describe()
+
+
+def test_cpu_peak_is_quick():
+    start = time.perf_counter()
+    peak = resolve_peak("cpu")
+    assert time.perf_counter() - start < 1.5
+    assert peak.flops > 1e8 and "measured here: CPU" in peak.describe()
+    assert measure_peak_flops("cpu") > 1e8
+
+
+@pytest.mark.gpu
+def test_cuda_peak_is_measured():
+    rate = measure_peak_flops("cuda", torch.bfloat16)
+    assert rate > 1e12
+    assert resolve_peak("cuda").flops > 1e12

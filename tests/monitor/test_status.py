@@ -1,0 +1,73 @@
+"""LineStatus records, windowed rates, ETA."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from draftline.monitor.status import LineStatus, RateMeter, eta_seconds, format_duration
+
+# docs/ARCHITECTURE.md, metrics.jsonl, kind "train".
+TRAIN_FIELDS = {
+    "kind", "time", "elapsed_s", "step", "total_steps", "epoch", "samples", "tokens", "loss", "accuracy",
+    "accuracy_by_position", "expected_acceptance", "lr", "grad_norm", "skipped_steps", "ktok_s", "samples_s",
+    "tflops", "mfu", "q_pre", "q_hs", "target_wait", "drafter_wait", "target_batches_s", "drafter_batches_s",
+    "eta_s", "gpus",
+}
+
+
+def test_record_has_exactly_the_documented_fields(busy_status):
+    record = busy_status.to_record()
+    assert set(record) == TRAIN_FIELDS
+    assert record["kind"] == "train" and record["step"] == 1234 and record["q_pre"] == [3, 12]
+    assert record["gpus"][0] == {"rank": 0, "role": "target", "name": "NVIDIA H200", "mem_used_gib": 61.2,
+                                 "mem_total_gib": 139.8, "util": 0.97}
+    assert set(LineStatus().to_record()) == TRAIN_FIELDS
+
+
+def test_rate_meter_over_a_window():
+    meter = RateMeter(window_s=10.0, now=0.0)
+    assert math.isnan(meter.rate(now=0.0))
+    meter.add(100, now=1.0)
+    meter.add(100, now=2.0)
+    assert meter.rate(now=2.0) == pytest.approx(100.0)
+    assert meter.rate(now=20.0) == 0.0  # nothing arrived in the last 10 s: the rate falls, not freezes
+    meter.add(50, now=15.0)
+    # An amount is spread over the interval since the previous one (it was produced over 2..15 s);
+    # the window 10..20 s holds 5/13 of it.
+    assert meter.rate(now=20.0) == pytest.approx(50 * 5 / 13 / 10)
+    meter.add(50, now=20.0)
+    assert meter.rate(now=20.0) == pytest.approx((50 * 5 / 13 + 50) / 10)
+    assert meter.total == 300
+
+
+def test_rate_meter_interpolates_the_window_start():
+    meter = RateMeter(window_s=10.0, now=0.0)
+    meter.add(100, now=5.0)
+    meter.add(100, now=15.0)
+    assert meter.rate(now=15.0) == pytest.approx(10.0)
+    assert meter.rate(now=20.0) == pytest.approx(5.0)  # half of the 5..15 interval lies in the window
+
+
+def test_waited_seconds_give_a_waiting_fraction():
+    waits = RateMeter(window_s=10.0, now=0.0)
+    waits.add(1.5, now=4.0)
+    waits.add(2.0, now=10.0)
+    assert waits.rate(now=10.0) == pytest.approx(0.35)
+
+
+def test_eta_and_durations():
+    assert eta_seconds(100, 1100, 2.0) == 500.0
+    assert eta_seconds(100, None, 2.0) is None
+    assert eta_seconds(100, 1100, float("nan")) is None
+    assert eta_seconds(100, 1100, 0.0) is None
+    assert format_duration(3725) == "1h02m"
+    assert format_duration(59) == "0m59s"
+    assert format_duration(2 * 86400 + 3 * 3600) == "2d03h"
+    assert format_duration(None) == "n/a"
+
+
+def test_rate_meter_rejects_a_bad_window():
+    with pytest.raises(ValueError):
+        RateMeter(window_s=0)
