@@ -12,9 +12,9 @@ guessed from token patterns; it is located in the rendered text and then checked
    earlier turns, like Qwen3 dropping old reasoning), the turn starts at its content.
 3. The content must appear verbatim after that start, followed (after whitespace only) by one of
    the target's end-of-turn tokens. The span runs from the start to the end of that token.
-4. The tokens must tile each span exactly: no token straddles a span edge. Anything else means the
-   template moved or dropped the turn, and the record is skipped as a template mismatch rather
-   than trained with a wrong mask.
+4. The tokens must tile each span exactly: no token straddles a span edge (the tokens between
+   the edges then cover the rest). Anything else means the template moved or dropped the turn,
+   and the record is skipped as a template mismatch rather than trained with a wrong mask.
 """
 
 from __future__ import annotations
@@ -141,19 +141,19 @@ class ChatEncoder:
         """``(input_ids int64 [T], loss_mask bool [T])`` of a conversation; ``SkipRecord`` if unverifiable."""
         text = self.render(messages)
         encoding = self._backend.encode(text, add_special_tokens=False)
-        ids = np.asarray(encoding.ids, dtype=np.int64)
-        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
-        starts, ends = offsets[:, 0], offsets[:, 1]
+        ids = np.array(encoding.ids, dtype=np.int64)
         mask = np.zeros(len(ids), dtype=bool)
-        for turn, (span_start, span_end) in enumerate(self.assistant_spans(messages, text)):
-            # a leading-space token ("_Hello" in SentencePiece) may start just before the span
-            first = int(np.searchsorted(ends, span_start, side="right"))
-            if first < len(ids) and starts[first] < span_start and not text[starts[first] : span_start].strip():
-                span_start = int(starts[first])
-            inside = (starts >= span_start) & (ends <= span_end)
-            straddles = (starts < span_end) & (ends > span_start) & ~inside
-            covered = ends[inside]
-            if straddles.any() or not inside.any() or starts[inside][0] != span_start or covered.max() != span_end:
-                raise SkipRecord(MASK_MISMATCH, f"assistant turn {turn + 1}: tokens do not line up with the turn's text")
-            mask |= inside
+        # Only the tokens at span edges are looked at: all offsets as a numpy array would cost
+        # more than the tokenization itself on long samples.
+        for turn, (span_start, span_end) in enumerate(self.assistant_spans(messages, text), 1):
+            first, last = encoding.char_to_token(span_start), encoding.char_to_token(span_end - 1)
+            if first is None or last is None:
+                raise SkipRecord(MASK_MISMATCH, f"assistant turn {turn}: its text is not covered by tokens")
+            first_start = encoding.token_to_chars(first)[0]
+            # a leading-space token ("_Hello" in SentencePiece) may start just before the turn
+            if first_start < span_start and text[first_start:span_start].strip():
+                raise SkipRecord(MASK_MISMATCH, f"assistant turn {turn}: a token straddles its start")
+            if encoding.token_to_chars(last)[1] != span_end:
+                raise SkipRecord(MASK_MISMATCH, f"assistant turn {turn}: a token straddles its end")
+            mask[first : last + 1] = True
         return ids, mask
