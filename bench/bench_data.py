@@ -41,9 +41,9 @@ def write_corpus(path: Path, num_samples: int, seed: int = 0) -> None:
     with open(path, "w") as f:
         for i in range(num_samples):
             messages = [{"role": "system", "content": "You are helpful."}]
-            for _ in range(3):  # ~930 tokens a turn pair with the tiny tokenizer
-                messages.append({"role": "user", "content": _text(rng, 120)})
-                messages.append({"role": "assistant", "content": _text(rng, rng.randint(400, 700))})
+            for _ in range(3):  # ~1K tokens a turn pair with the tiny tokenizer
+                messages.append({"role": "user", "content": _text(rng, 100)})
+                messages.append({"role": "assistant", "content": _text(rng, rng.randint(250, 470))})
             f.write(json.dumps({"id": i, "messages": messages}) + "\n")
 
 

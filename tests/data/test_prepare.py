@@ -127,3 +127,9 @@ def test_prepare_cli_end_to_end(chat_target, mixed_input, tmp_path, capsys):
     assert ds.meta["tokenizer"]["thinking"] is False and ds.lengths.max() <= 48
     code = main(["prepare", "--target", str(chat_target), "--input", mixed_input, "--out", str(out), "--strict", "--overwrite"])
     assert code == 2 and "mixed.jsonl:41" in capsys.readouterr().err
+
+
+def test_malformed_line_stops_prepare_naming_file_and_line(chat_target, conversation, write_jsonl, tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", [conversation(0), conversation(1), '{"messages": [}'])
+    with pytest.raises(DraftlineError, match=r"a\.jsonl:3: malformed JSON"):
+        prepare(_config(chat_target, [path], tmp_path / "ds", workers=2))

@@ -45,8 +45,21 @@ def test_turn_by_turn_from_the_regenerated_history(tmp_path, conversation, write
         assert line["id"] == f"c{line['source_index']}"
 
 
+def test_prompt_only_records_get_a_reply_and_empty_replies_are_filled(tmp_path, write_jsonl):
+    source = write_jsonl(tmp_path / "in.jsonl", [
+        {"messages": [{"role": "user", "content": "just a prompt"}]},
+        {"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": ""}, {"from": "human", "value": "b"}]},
+        {"messages": [{"role": "system", "content": "nobody asks"}]},
+    ])
+    stats = regenerate(source, tmp_path / "out.jsonl", EchoGenerator(), progress=False)
+    first, second = _lines(tmp_path / "out.jsonl")
+    assert first["messages"][-1] == {"role": "assistant", "content": "re[just a prompt] after []"}
+    assert [m["content"] for m in second["messages"]] == ["a", "re[a] after []", "b", "re[b] after ['re[a] after []']"]
+    assert stats["failure_kinds"] == {"no_user_turn": 1}
+
+
 def test_resume_after_a_kill_has_no_duplicates_and_nothing_missing(tmp_path, conversation, write_jsonl):
-    records = [conversation(i, turns=1 + i % 2) for i in range(11)] + [{"messages": [{"role": "user", "content": "no reply"}]}, "{broken"]
+    records = [conversation(i, turns=1 + i % 2) for i in range(11)] + [{"messages": [{"role": "tool", "content": "?"}]}, "{broken"]
     source = write_jsonl(tmp_path / "in.jsonl", records)
     out = tmp_path / "out.jsonl"
     with pytest.raises(KeyboardInterrupt):  # killed in the middle of the third group
@@ -61,7 +74,7 @@ def test_resume_after_a_kill_has_no_duplicates_and_nothing_missing(tmp_path, con
     indices = [line["source_index"] for line in _lines(out)]
     assert sorted(indices) == list(range(11)) and _lines(out)[:6] == first
     failed = {f["source_index"]: f for f in _lines(failed_path(out))}
-    assert failed[11]["kind"] == "no_assistant_turn" and failed[12]["kind"] == "malformed_record"
+    assert failed[11]["kind"] == "unknown_role" and failed[12]["kind"] == "malformed_record"
     assert "in.jsonl:13" in failed[12]["where"]
     # a third run has nothing left but the failures, which it retries and reports again
     stats = regenerate(source, out, EchoGenerator(), group_size=3, progress=False)

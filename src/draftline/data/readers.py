@@ -30,6 +30,7 @@ TEMPLATE_ERROR = "template_error"
 OVERLONG = "overlong"
 NO_TRAINED_TOKENS = "no_trained_tokens"
 UNRECOGNISED_RECORD = "unrecognised_record"
+NO_USER_TURN = "no_user_turn"
 
 SKIP_REASONS = {
     NO_ASSISTANT_TURN: "no assistant turn",
@@ -40,6 +41,7 @@ SKIP_REASONS = {
     OVERLONG: "longer than --max-length (with --overlong drop)",
     NO_TRAINED_TOKENS: "no assistant token left (after truncation, or an all-false loss_mask)",
     UNRECOGNISED_RECORD: "neither messages, conversations nor input_ids + loss_mask",
+    NO_USER_TURN: "nothing to reply to (regenerate)",
 }
 
 _ROLES = {
@@ -211,7 +213,7 @@ def _text(content: Any) -> str:
     raise SkipRecord(UNRECOGNISED_RECORD, f"content of type {type(content).__name__}")
 
 
-def _messages(turns: list, role_key: str, content_key: str) -> list[dict]:
+def _messages(turns: list, role_key: str, content_key: str, empty_replies_ok: bool) -> list[dict]:
     messages = []
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
@@ -224,7 +226,9 @@ def _messages(turns: list, role_key: str, content_key: str) -> list[dict]:
         if not content.strip():
             if role == "system":
                 continue  # an empty system prompt says nothing; dropping it changes no trained token
-            raise SkipRecord(EMPTY_CONTENT, f"turn {i} ({role}) is empty")
+            if not (role == "assistant" and empty_replies_ok):  # else a placeholder regenerate fills
+                raise SkipRecord(EMPTY_CONTENT, f"turn {i} ({role}) is empty")
+            content = ""
         message = {"role": role, "content": content}
         reasoning = turn.get("reasoning_content")
         if role == "assistant" and isinstance(reasoning, str) and reasoning.strip():
@@ -233,23 +237,37 @@ def _messages(turns: list, role_key: str, content_key: str) -> list[dict]:
     return messages
 
 
+def _turns(record: dict, empty_replies_ok: bool) -> list[dict]:
+    if isinstance(record.get("messages"), list):
+        return _messages(record["messages"], "role", "content", empty_replies_ok)
+    if isinstance(record.get("conversations"), list):
+        turns = record["conversations"]
+        keys = ("role", "content") if turns and isinstance(turns[0], dict) and "role" in turns[0] else ("from", "value")
+        return _messages(turns, *keys, empty_replies_ok)
+    raise SkipRecord(UNRECOGNISED_RECORD, f"keys {sorted(record)[:8]}")
+
+
 def conversation(record: dict) -> list[dict]:
     """OpenAI ``messages`` or ShareGPT ``conversations`` as ``[{"role", "content"}, ...]``.
 
     Turns after the last assistant turn are cut: they would cost tokens and train nothing.
     """
-    if isinstance(record.get("messages"), list):
-        messages = _messages(record["messages"], "role", "content")
-    elif isinstance(record.get("conversations"), list):
-        turns = record["conversations"]
-        keys = ("role", "content") if turns and isinstance(turns[0], dict) and "role" in turns[0] else ("from", "value")
-        messages = _messages(turns, *keys)
-    else:
-        raise SkipRecord(UNRECOGNISED_RECORD, f"keys {sorted(record)[:8]}")
+    messages = _turns(record, empty_replies_ok=False)
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
     if last < 0:
         raise SkipRecord(NO_ASSISTANT_TURN)
     return messages[: last + 1]
+
+
+def conversation_to_regenerate(record: dict) -> list[dict]:
+    """Like ``conversation``, for regenerate: assistant turns may be empty placeholders, and a
+    conversation that ends with a user turn (a prompt-only record too) gets a reply slot at the end."""
+    messages = _turns(record, empty_replies_ok=True)
+    if not any(m["role"] == "user" for m in messages):
+        raise SkipRecord(NO_USER_TURN)
+    if messages[-1]["role"] == "user":
+        messages.append({"role": "assistant", "content": ""})
+    return messages
 
 
 def normalize(record: dict) -> list[dict] | PreTokenized:

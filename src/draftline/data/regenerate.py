@@ -7,7 +7,8 @@ groups; inside a group all records' turn 1 go to the generator together, then al
 Resumable by construction. Each output line carries the input record's index (``source_index``);
 a group's lines are appended and flushed when the group is done. On start the output is read
 back: finished indices are skipped, and a last line cut short by a kill is trimmed away (its record
-is redone). Records that cannot be regenerated go, with the reason, to ``OUT.failed.jsonl``, which
+is redone). A conversation that ends with a user turn (a prompt-only record too) gets a reply
+appended. Records that cannot be regenerated go, with the reason, to ``OUT.failed.jsonl``, which
 each run rewrites since it retries them; nothing is dropped without a line in one of the two files.
 """
 
@@ -22,7 +23,7 @@ from typing import Iterator, Protocol
 
 from draftline.data import readers
 from draftline.data.generate import Reply
-from draftline.data.readers import PreTokenized, SkipRecord, SourceRecord
+from draftline.data.readers import SkipRecord, SourceRecord
 from draftline.errors import DraftlineError
 
 
@@ -75,10 +76,9 @@ def _start(record: SourceRecord) -> _Pending:
     try:
         data = readers.decode(record)
         pending.source_id = data.get("id")
-        normalized = readers.normalize(data)
-        if isinstance(normalized, PreTokenized):
+        if "input_ids" in data and "messages" not in data and "conversations" not in data:
             raise SkipRecord("pre_tokenized", "a tokenized record has no text to regenerate")
-        pending.messages = [dict(m) for m in normalized]
+        pending.messages = readers.conversation_to_regenerate(data)
     except SkipRecord as skip:
         pending.error, pending.kind = str(skip), skip.reason
     except DraftlineError as exc:  # a malformed line: recorded as a failure, the run goes on
