@@ -123,15 +123,15 @@ class ChatEncoder:
                 content = content.strip()
                 pos = text.find(content, search_from)
             if pos < 0:
-                raise SkipRecord(MASK_MISMATCH, f"assistant turn {i} does not appear verbatim in the rendered text")
+                raise SkipRecord(MASK_MISMATCH, f"message {i} (assistant) does not appear verbatim in the rendered text")
             if gen_start is not None and any(eot in text[gen_start:pos] for eot in self.end_of_turn):
-                raise SkipRecord(MASK_MISMATCH, f"assistant turn {i} found only in a later turn of the rendered text")
+                raise SkipRecord(MASK_MISMATCH, f"message {i} (assistant) found only in a later turn of the rendered text")
             after = pos + len(content)
             rest = text[after : after + 256]
             gap = len(rest) - len(rest.lstrip())
             eot = next((t for t in self.end_of_turn if rest.startswith(t, gap)), None)
             if eot is None:
-                raise SkipRecord(MASK_MISMATCH, f"assistant turn {i} is not closed by an end-of-turn token ({', '.join(self.end_of_turn)})")
+                raise SkipRecord(MASK_MISMATCH, f"message {i} (assistant) is not closed by an end-of-turn token ({', '.join(self.end_of_turn)})")
             end = after + gap + len(eot)
             spans.append((pos if gen_start is None else gen_start, end))
             cursor = end
