@@ -1,0 +1,113 @@
+"""``draftline eval``: speculative decoding with a drafter; acceptance length and, on a GPU, speedup."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from draftline.errors import DraftlineError
+
+_THINKING = {"on": True, "off": False}
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", type=Path, required=True, help="the target model directory (Hugging Face format)")
+    parser.add_argument("--drafter", type=Path, required=True, help="a drafter directory, a training checkpoint or a run directory")
+    parser.add_argument("--prompts", type=Path, required=True, help="JSONL, one prompt per line: input_ids, or messages")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples with rejection sampling")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = off)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default 0 = off)")
+    parser.add_argument("--block-size", type=int, default=None, help="tokens per draft block (default: the drafter's)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens generated per prompt at most (default 256)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    parser.add_argument("--json", type=Path, default=None, help="write the summary and per-prompt outputs here")
+    parser.add_argument("--stop-token-ids", default=None, help="comma-separated stop tokens (default: the target's eos; 'none' for none)")
+    parser.add_argument("--thinking", choices=sorted(_THINKING), default=None, help="enable_thinking for templates that have it")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampler (temperature > 0)")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:N or cpu")
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="weights dtype (default bfloat16 on GPU, float32 on CPU)")
+    parser.add_argument("--no-speedup", action="store_true", help="skip the target-only baseline on a GPU")
+
+
+def _stop_ids(text: str | None, target) -> list[int]:
+    from draftline.evaluate.acceptance import eos_token_ids
+
+    if text is None:
+        return eos_token_ids(target)
+    if text.strip().lower() == "none":
+        return []
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise DraftlineError(f"--stop-token-ids takes comma-separated integers or 'none', got {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from transformers import AutoModelForCausalLM
+
+    from draftline.checkpoint.export import load_drafter, load_drafter_config
+    from draftline.checkpoint.locate import find_drafter_dir
+    from draftline.evaluate.acceptance import format_summary
+    from draftline.evaluate.benchmark import evaluate_prompts
+    from draftline.evaluate.prompts import read_prompts
+    from draftline.evaluate.sampling import Sampling
+    from draftline.model.config import check_matches_target
+    from draftline.model.target import load_target_config
+
+    # ---- check everything cheap before loading weights
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    if args.max_new_tokens < 1:
+        raise DraftlineError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.limit is not None and args.limit < 1:
+        raise DraftlineError(f"--limit must be >= 1, got {args.limit}")
+    drafter_dir = find_drafter_dir(args.drafter)
+    drafter_config = load_drafter_config(drafter_dir)
+    check_matches_target(drafter_config, load_target_config(args.target))
+    block_size = args.block_size or int(drafter_config.block_size)
+    if block_size < 2:
+        raise DraftlineError(f"--block-size must be >= 2 (the anchor and at least one draft), got {block_size}")
+    prompts = read_prompts(args.prompts, args.target, limit=args.limit, thinking=_THINKING.get(args.thinking))
+
+    # ---- models
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if args.device == "auto" else args.device)
+    dtype = _DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
+    drafter = load_drafter(drafter_dir, device=device, dtype=dtype)
+    stop_ids = _stop_ids(args.stop_token_ids, target)
+    print(f"draftline eval: {len(prompts)} prompts, drafter {drafter_dir}, block size {block_size}, "
+          f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature} top-p {sampling.top_p} top-k {sampling.top_k}'}, "
+          f"up to {args.max_new_tokens} new tokens, stop tokens {stop_ids or 'none'}, {device.type} {str(dtype).removeprefix('torch.')}")
+
+    # ---- decode
+    committed = [0, 0]  # tokens, steps: tau so far for the progress bar
+    columns = [TextColumn("decoding"), BarColumn(), MofNCompleteColumn(), TextColumn("tau {task.fields[tau]}"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+    with Progress(*columns) as progress:
+        task = progress.add_task("decode", total=len(prompts), tau="-")
+
+        def on_prompt(_index, generation):
+            committed[0] += sum(generation.acceptance_lengths)
+            committed[1] += len(generation.acceptance_lengths)
+            progress.update(task, advance=1, tau=f"{committed[0] / max(committed[1], 1):.2f}")
+
+        result = evaluate_prompts(
+            target, drafter, prompts, max_new_tokens=args.max_new_tokens, sampling=sampling, block_size=block_size,
+            stop_token_ids=stop_ids, seed=args.seed, measure_speedup=device.type == "cuda" and not args.no_speedup,
+            on_prompt=on_prompt,
+        )
+
+    # ---- report
+    for line in format_summary(result.summary):
+        print(line)
+    if args.json is not None:
+        out = {"target": str(args.target), "drafter": str(drafter_dir), **result.to_json()}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out) + "\n")
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,136 @@
+"""Acceptance statistics of speculative decoding, and the measurement the training loop runs.
+
+From the acceptance lengths of every target step (tokens committed per step, in ``1..B``):
+
+- ``tau``: their mean, the paper's acceptance length (mean tokens committed per target step);
+- ``acceptance_hist``: how many steps committed 1, 2, .., B tokens;
+- ``acceptance_by_position``: for draft slot k = 1..B-1, P(slot k accepted) = the fraction of
+  steps that committed at least k + 1 tokens. A prompt's last step may be cut short by the token
+  limit or a stop token, which lowers these slightly on short generations.
+
+The dict has the fields of a ``kind: "eval"`` record of metrics.jsonl (docs/ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from draftline.evaluate.sampling import Sampling
+from draftline.evaluate.speculative import Generation, speculative_generate
+from draftline.model.drafter import DFlashDrafter
+
+
+def summarize(acceptance_lengths: Iterable[Sequence[int]], block_size: int) -> dict:
+    """Summary of the per-prompt acceptance lengths (one list per prompt)."""
+    per_prompt = [list(lengths) for lengths in acceptance_lengths]
+    lengths = [n for prompt in per_prompt for n in prompt]
+    if any(not 1 <= n <= block_size for n in lengths):
+        raise ValueError(f"acceptance lengths must lie in [1, {block_size}] (the block size)")
+    hist = [0] * block_size
+    for n in lengths:
+        hist[n - 1] += 1
+    num_steps = len(lengths)
+    # Steps that committed at least k + 1 tokens accepted draft slot k.
+    at_least = [sum(hist[k:]) for k in range(block_size)]
+    return {
+        "tau": sum(lengths) / num_steps if num_steps else 0.0,
+        "acceptance_hist": hist,
+        "acceptance_by_position": [at_least[k] / num_steps if num_steps else 0.0 for k in range(1, block_size)],
+        "num_prompts": len(per_prompt),
+        "num_steps": num_steps,
+        "block_size": block_size,
+    }
+
+
+def summarize_generations(generations: Sequence[Generation], block_size: int) -> dict:
+    """``summarize`` plus token totals, for results of ``speculative_generate``."""
+    summary = summarize((g.acceptance_lengths for g in generations), block_size)
+    summary["num_generated_tokens"] = sum(g.num_generated for g in generations)
+    return summary
+
+
+def measure_acceptance(
+    target_model: PreTrainedModel,
+    drafter: DFlashDrafter,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    block_size: int | None = None,
+    stop_token_ids: Sequence[int] | None = None,
+    seed: int = 0,
+) -> dict:
+    """Speculative decoding of ``prompts`` (token ids) and the summary of its acceptance.
+
+    For the training loop: both models on one device, the drafter's weights as they are now (no
+    gradients are kept). ``stop_token_ids`` defaults to the target's ``eos_token_id``. Sampling
+    (``temperature > 0``) is seeded, so two calls on the same weights give the same numbers.
+    """
+    drafter = unwrap(drafter)
+    block_size = int(block_size or drafter.block_size)
+    if stop_token_ids is None:
+        stop_token_ids = eos_token_ids(target_model)
+    sampling = Sampling(temperature=temperature)
+    generator = None
+    if not sampling.greedy:
+        generator = torch.Generator(device=target_model.device).manual_seed(seed)
+    generations = [
+        speculative_generate(
+            target_model,
+            drafter,
+            prompt,
+            max_new_tokens=max_new_tokens,
+            stop_token_ids=stop_token_ids,
+            sampling=sampling,
+            block_size=block_size,
+            generator=generator,
+        )
+        for prompt in prompts
+    ]
+    return summarize_generations(generations, block_size)
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The plain module inside DistributedDataParallel (``.module``) or torch.compile (``._orig_mod``)."""
+    while True:
+        inner = getattr(module, "_orig_mod", None) or getattr(module, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            return module
+        module = inner
+
+
+def eos_token_ids(model: PreTrainedModel) -> list[int]:
+    """The model's stop tokens: ``eos_token_id`` of its generation config, else of its config."""
+    for config in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(config, "eos_token_id", None) if config is not None else None
+        if eos is not None:
+            return [int(eos)] if isinstance(eos, int) else [int(t) for t in eos]
+    return []
+
+
+def format_summary(summary: dict, *, bar_width: int = 40) -> list[str]:
+    """The summary as text lines: tau, the histogram as bars, acceptance by slot, speed if measured."""
+    hist = summary["acceptance_hist"]
+    steps = max(summary["num_steps"], 1)
+    lines = [
+        f"tau {summary['tau']:.3f}  (mean tokens committed per target step; block size {summary['block_size']}, "
+        f"{summary['num_prompts']} prompts, {summary['num_steps']} steps"
+        + (f", {summary['num_generated_tokens']} tokens)" if "num_generated_tokens" in summary else ")"),
+        "tokens committed per step:",
+    ]
+    top = max(hist) if hist and max(hist) else 1
+    for length, count in enumerate(hist, start=1):
+        bar = "#" * round(bar_width * count / top)
+        lines.append(f"  {length:>3} {bar:<{bar_width}} {count:>7}  {100 * count / steps:5.1f}%")
+    by_slot = "  ".join(f"{k}:{p:.2f}" for k, p in enumerate(summary["acceptance_by_position"], start=1))
+    lines.append(f"P(slot k accepted): {by_slot}")
+    if "speedup" in summary:
+        lines.append(
+            f"speedup {summary['speedup']:.2f}x over target-only greedy "
+            f"({summary['baseline_ms_per_token']:.2f} -> {summary['ms_per_token']:.2f} ms/token); "
+            f"{summary['baseline_identical']}/{summary['num_prompts']} outputs identical to it"
+        )
+    return lines

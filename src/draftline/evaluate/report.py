@@ -1,0 +1,305 @@
+"""``draftline report``: PNG plots and a one-page Markdown summary of a run directory.
+
+Everything comes from RUN_DIR/metrics.jsonl (docs/ARCHITECTURE.md) and goes to RUN_DIR/report/.
+A plot whose fields the log never has is skipped and listed in the summary, so a CPU run (no
+GPU memory) or a run without evaluations still gets a report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftline.evaluate.run_log import RunLog, read_run_log
+
+REPORT_DIR = "report"
+
+
+@dataclass
+class Report:
+    directory: Path
+    summary: Path
+    plots: list[Path] = field(default_factory=list)
+    skipped_plots: dict[str, str] = field(default_factory=dict)
+    """Plot name -> why it was not drawn."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display, safe in threads and on servers
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _panels(plt, count: int, title: str):
+    fig, axes = plt.subplots(count, 1, figsize=(8, 2.6 * count + 0.6), sharex=True, squeeze=False)
+    fig.suptitle(title)
+    return fig, [row[0] for row in axes]
+
+
+def _line(ax, log: RunLog, key: str, label: str | None = None, kind: str = "train", **style) -> bool:
+    xs, ys = log.series(kind, key)
+    if xs:
+        ax.plot(xs, ys, label=label or key, **style)
+    return bool(xs)
+
+
+def _save(fig, axes, path: Path) -> Path:
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small", loc="best")
+    axes[-1].set_xlabel(axes[-1].get_xlabel() or "step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def _list_series(log: RunLog, key: str, kind: str = "train") -> tuple[list[float], list[list[float]]]:
+    """Steps and the list-valued field ``key`` at each (entries may be None)."""
+    steps, rows = [], []
+    for record in log.of_kind(kind):
+        value = record.get(key)
+        if isinstance(value, list) and value and isinstance(record.get("step"), (int, float)):
+            steps.append(record["step"])
+            rows.append([v if isinstance(v, (int, float)) and math.isfinite(v) else None for v in value])
+    return steps, rows
+
+
+def plot_loss(plt, log: RunLog, path: Path) -> Path | None:
+    fig, axes = _panels(plt, 3, "loss, accuracy, gradient norm")
+    drawn = _line(axes[0], log, "loss")
+    axes[0].set_ylabel("loss")
+    _line(axes[1], log, "accuracy", "accuracy (slots 1..B-1)")
+    axes[1].set_ylabel("accuracy")
+    _line(axes[2], log, "grad_norm", "grad norm (before clipping)")
+    axes[2].set_ylabel("grad norm")
+    return _save(fig, axes, path) if drawn else _close(plt, fig)
+
+
+def plot_accuracy_by_position(plt, log: RunLog, path: Path) -> Path | None:
+    steps, rows = _list_series(log, "accuracy_by_position")
+    if not rows:
+        return _close(plt, None)
+    fig, (last_ax, time_ax) = plt.subplots(1, 2, figsize=(12, 4))
+    fig.suptitle("accuracy by block slot")
+    last = rows[-1]
+    slots = list(range(1, len(last) + 1))
+    last_ax.bar(slots, [v or 0.0 for v in last], color="tab:blue")
+    last_ax.set(xlabel="slot k", ylabel="accuracy", title=f"last (step {int(steps[-1])})", ylim=(0, 1), xticks=slots)
+    cmap = plt.get_cmap("viridis")
+    for k in range(len(last)):
+        pts = [(s, r[k]) for s, r in zip(steps, rows) if k < len(r) and r[k] is not None]
+        if pts:
+            time_ax.plot(*zip(*pts), color=cmap(k / max(len(last) - 1, 1)), label=f"slot {k + 1}")
+    time_ax.set(xlabel="step", ylabel="accuracy", title="over time", ylim=(0, 1))
+    if len(last) <= 16:
+        time_ax.legend(fontsize="x-small", ncol=2)
+    for ax in (last_ax, time_ax):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_acceptance(plt, log: RunLog, path: Path) -> Path | None:
+    fig, axes = _panels(plt, 1, "acceptance length: expected from training accuracy vs measured by decoding")
+    drawn = _line(axes[0], log, "expected_acceptance", "expected (training)")
+    drawn |= _line(axes[0], log, "tau", "measured tau (eval)", kind="eval", marker="o")
+    axes[0].set_ylabel("tokens per target step")
+    return _save(fig, axes, path) if drawn else _close(plt, fig)
+
+
+def plot_throughput(plt, log: RunLog, path: Path) -> Path | None:
+    fig, axes = _panels(plt, 3, "throughput")
+    drawn = _line(axes[0], log, "ktok_s", "Ktok/s")
+    drawn |= _line(axes[1], log, "samples_s", "samples/s")
+    drawn |= _line(axes[1], log, "tflops", "TFLOP/s")
+    xs, ys = log.series("train", "mfu")
+    if xs:
+        axes[2].plot(xs, [100 * y for y in ys], label="MFU %")
+        drawn = True
+    axes[2].set_ylabel("MFU %")
+    return _save(fig, axes, path) if drawn else _close(plt, fig)
+
+
+def plot_queues(plt, log: RunLog, path: Path) -> Path | None:
+    fig, axes = _panels(plt, 2, "queues and waiting")
+    steps, rows = _list_series(log, "q_pre")
+    drawn = False
+    for t in range(max((len(r) for r in rows), default=0)):
+        pts = [(s, r[t]) for s, r in zip(steps, rows) if t < len(r) and r[t] is not None]
+        if pts:
+            axes[0].plot(*zip(*pts), label=f"q_pre target {t}", alpha=0.8)
+            drawn = True
+    drawn |= _line(axes[0], log, "q_hs", "q_hs (hidden states)", color="black", linewidth=2)
+    axes[0].set_ylabel("batches waiting")
+    drawn |= _line(axes[1], log, "target_wait", "targets waiting")
+    drawn |= _line(axes[1], log, "drafter_wait", "drafters waiting")
+    axes[1].set_ylabel("fraction of wall time")
+    return _save(fig, axes, path) if drawn else _close(plt, fig)
+
+
+def plot_memory(plt, log: RunLog, path: Path) -> Path | None:
+    t0 = next((r["time"] for r in log.records if isinstance(r.get("time"), (int, float))), None)
+    per_gpu: dict[str, dict[str, list]] = {}
+    for record in log.of_kind("train"):
+        if not isinstance(record.get("time"), (int, float)) or t0 is None:
+            continue
+        hours = (record["time"] - t0) / 3600
+        for gpu in record.get("gpus") or []:
+            if not isinstance(gpu, dict) or not isinstance(gpu.get("mem_used_gib"), (int, float)):
+                continue
+            name = f"rank {gpu.get('rank', '?')} {gpu.get('role') or ''}".strip()
+            series = per_gpu.setdefault(name, {"h": [], "used": [], "total": gpu.get("mem_total_gib"), "util": []})
+            series["h"].append(hours)
+            series["used"].append(gpu["mem_used_gib"])
+            series["util"].append(gpu.get("util") if isinstance(gpu.get("util"), (int, float)) else float("nan"))
+    if not per_gpu:
+        return _close(plt, None)
+    fig, axes = _panels(plt, 2, "GPU memory and utilisation")
+    for name, s in per_gpu.items():
+        (line,) = axes[0].plot(s["h"], s["used"], label=name)
+        if isinstance(s["total"], (int, float)):
+            axes[0].axhline(s["total"], color=line.get_color(), linestyle=":", linewidth=0.8)
+        axes[1].plot(s["h"], [100 * u for u in s["util"]], color=line.get_color())
+    axes[0].set_ylabel("GiB used (dotted: total)")
+    axes[1].set_ylabel("utilisation %")
+    axes[1].set_xlabel("hours since the first start")
+    return _save(fig, axes, path)
+
+
+def _close(plt, fig) -> None:
+    if fig is not None:
+        plt.close(fig)
+    return None
+
+
+PLOTS = {
+    "loss": (plot_loss, "no loss in any train record"),
+    "accuracy_by_position": (plot_accuracy_by_position, "no accuracy_by_position in any train record"),
+    "acceptance": (plot_acceptance, "neither expected_acceptance (train) nor tau (eval) records"),
+    "throughput": (plot_throughput, "no ktok_s, samples_s, tflops or mfu"),
+    "queues": (plot_queues, "no q_pre, q_hs or wait fractions"),
+    "memory": (plot_memory, "no GPU memory in any train record (a CPU run?)"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary
+# ---------------------------------------------------------------------------------------------
+
+
+def _fmt(value, digits: int = 4) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def _percent(value) -> str:
+    return f"{100 * value:.1f}%" if isinstance(value, (int, float)) else "n/a"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def _config_lines(config: dict) -> list[str]:
+    lines = []
+    for section, values in config.items():
+        if isinstance(values, dict):
+            items = ", ".join(f"{k}={json.dumps(v)}" for k, v in values.items() if v not in (None, [], {}, ""))
+            lines.append(f"- **{section}**: {items or '(defaults)'}")
+        elif values not in (None, "", [], {}):
+            lines.append(f"- **{section}**: {json.dumps(values)}")
+    return lines
+
+
+def summary_markdown(run_dir: Path, log: RunLog, report: Report) -> str:
+    segments = log.segments
+    first_start = next((s.start for s in segments if s.start), {})
+    last_start = next((s.start for s in reversed(segments) if s.start), {})
+    # Only an end record of the last start says how the run ended; an earlier one was resumed past.
+    end = next((r for r in reversed(segments[-1].records) if r.get("kind") == "end"), None) if segments else None
+    wall_s = sum(s.wall_s for s in segments)
+    gpu_hours = sum(s.wall_s * s.num_gpus for s in segments) / 3600
+    any_gpu = any(s.num_gpus for s in segments)
+    step = log.last("train", "step")
+    total_steps = log.last("train", "total_steps")
+    evals = log.of_kind("eval")
+
+    status = end.get("status", "?") if end else "no end record (running, or killed)"
+    if end and end.get("reason"):
+        status += f" ({end['reason']})"
+    modes = [s.start.get("mode", "?") for s in segments if s.start]
+    lines = [
+        f"# Run report: {run_dir.name}",
+        "",
+        f"Status: **{status}**, step {_fmt(step)} of {_fmt(total_steps)}; "
+        f"{len(modes)} start(s): {', '.join(modes) or 'none recorded'}.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| samples | {_fmt(log.last('train', 'samples'))} |",
+        f"| tokens | {_fmt(log.last('train', 'tokens'))} |",
+        f"| optimizer steps | {_fmt(step)} |",
+        f"| epoch | {_fmt(log.last('train', 'epoch'))} |",
+        f"| final loss | {_fmt(log.last('train', 'loss'))} |",
+        f"| final accuracy | {_fmt(log.last('train', 'accuracy'))} |",
+        f"| expected acceptance | {_fmt(log.last('train', 'expected_acceptance'))} |",
+        "| measured tau | "
+        + (f"{_fmt(evals[-1].get('tau'))} (step {_fmt(evals[-1].get('step'))}, {_fmt(evals[-1].get('num_prompts'))} prompts) |"
+           if evals else "n/a (no eval records) |"),
+        f"| throughput (last) | {_fmt(log.last('train', 'ktok_s'))} Ktok/s, MFU {_percent(log.last('train', 'mfu'))} |",
+        f"| wall time | {_duration(wall_s)} |",
+        f"| GPU-hours | {f'{gpu_hours:.2f}' if any_gpu else 'n/a (CPU run)'} |",
+        "",
+        "## Topology",
+        "",
+    ]
+    topology = last_start.get("topology") if isinstance(last_start.get("topology"), dict) else {}
+    lines += [f"- {k}: {_fmt(v)}" for k, v in topology.items()] or ["- not recorded"]
+    config = first_start.get("config") if isinstance(first_start.get("config"), dict) else {}
+    lines += ["", "## Config", ""] + (_config_lines(config) or ["- not recorded"])
+    lines += ["", "## Plots", ""]
+    lines += [f"![{p.stem}]({p.name})" for p in report.plots]
+    lines += [f"- {name}: not drawn, {why}" for name, why in report.skipped_plots.items()]
+    if log.skipped_lines:
+        lines += ["", f"Note: skipped unreadable metrics.jsonl line(s) {log.skipped_lines[:10]}"
+                      f"{' ...' if len(log.skipped_lines) > 10 else ''} (a truncated last line is normal after a kill)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dir: str | Path) -> Report:
+    """Read RUN_DIR/metrics.jsonl, write RUN_DIR/report/*.png and summary.md."""
+    run_dir = Path(run_dir)
+    log = read_run_log(run_dir)
+    out = run_dir / REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report(out, out / "summary.md")
+    plt = _pyplot()
+    for name, (plot, why) in PLOTS.items():
+        path = plot(plt, log, out / f"{name}.png")
+        if path is None:
+            report.skipped_plots[name] = why
+        else:
+            report.plots.append(path)
+    plt.close("all")
+    report.summary.write_text(summary_markdown(run_dir, log, report))
+    return report

@@ -1,0 +1,300 @@
+"""DFlash speculative decoding with a Hugging Face target and our drafter, one prompt at a time.
+
+One cycle (docs/DFLASH.md, "Inference"), with ``x_s`` the last committed token (the anchor; it is
+not yet in the target's KV cache) and ``B`` the block size::
+
+    draft    drafter([x_s, MASK x (B-1)] | features of x_<s)        -> d_1 .. d_{B-1}
+    verify   target([x_s, d_1 .. d_{B-1}]) at positions s .. s+B-1  -> p_1 .. p_B
+    accept   a = the drafts the target agrees with (greedy) or keeps (rejection sampling),
+             plus one token of its own: a + 1 tokens committed, the last one the next anchor
+    commit   crop the target's cache back to x_<s+a+1; the features of x_s .. x_s+a are the
+             drafter's new context (its cache holds context keys/values only, never a block)
+
+Prompt and output are laid out as the official ``dflash_generate`` lays them out: ``output_ids`` is
+the prompt, the target's first token (from the prefill, not counted as a step), then each step's
+committed tokens, cut at the first stop token (kept) or at ``max_new_tokens``.
+
+Host syncs: one per step, reading the acceptance length and the committed tokens together; the
+host needs them to size the next block and to look for stop tokens.
+
+Prompts run one after another: the steps of different prompts accept different numbers of tokens,
+so a batch would need ragged KV caches (or masking rejected rows instead of cropping them), which
+Hugging Face caches of sliding-window and linear-attention targets do not support.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+from torch.nn import functional as F
+from transformers import DynamicCache, PreTrainedModel
+
+from draftline.errors import DraftlineError
+from draftline.evaluate.sampling import Sampling, choose, greedy_verify, probabilities, rejection_sample
+from draftline.model.attention import BlockLayout, make_attention
+from draftline.model.config import mask_token_id
+from draftline.model.drafter import ContextCache, DFlashDrafter
+
+
+@dataclass
+class Generation:
+    """One prompt's decoding."""
+
+    output_ids: list[int]
+    """Prompt + generated tokens."""
+    acceptance_lengths: list[int] = field(default_factory=list)
+    """Tokens committed at each target verification step (speculative decoding only)."""
+    num_prompt_tokens: int = 0
+    seconds: float = 0.0
+    """Wall-clock time of the whole decoding, prefill included (synchronised on CUDA)."""
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.output_ids) - self.num_prompt_tokens
+
+
+class Proposer(Protocol):
+    """What the decoding loop needs from a drafter (a seam for tests: an oracle proposer)."""
+
+    target_layer_ids: list[int]
+    mask_token_id: int
+    block_size: int
+
+    def reset(self) -> None:
+        """Forget the context: a new prompt starts."""
+
+    def draft_logits(self, block_ids: torch.Tensor, anchor_pos: int, new_features: torch.Tensor) -> torch.Tensor:
+        """Logits [S - 1, V] for slots 1.. of ``block_ids`` [S] (anchor at ``anchor_pos``, then masks).
+
+        ``new_features`` [T, K * H] are the target features of the context rows not seen yet,
+        positions ``anchor_pos - T .. anchor_pos - 1``.
+        """
+
+
+class DFlashProposer:
+    """Our drafter wired to the target: the target's embedding and LM head, a context-only cache."""
+
+    def __init__(self, drafter: DFlashDrafter, target: PreTrainedModel):
+        config = drafter.config
+        dflash = config.dflash_config
+        self.drafter = drafter
+        self.config = config
+        self.target_layer_ids = list(drafter.target_layer_ids)
+        self.mask_token_id = mask_token_id(config)
+        self.block_size = drafter.block_size
+        self.embed_weight = target.get_input_embeddings().weight
+        head = target.get_output_embeddings()
+        self.head_weight = head.weight if head is not None else self.embed_weight
+        self.embed_scale = float(dflash.get("input_embedding_scale", 1.0))
+        self.logit_multiplier = float(dflash.get("output_multiplier", 1.0))
+        self.softcap = dflash.get("final_logit_softcapping")
+        self.dtype = drafter.fc.weight.dtype
+        self.cache = ContextCache()
+
+    def reset(self) -> None:
+        self.cache = ContextCache()
+
+    def draft_logits(self, block_ids: torch.Tensor, anchor_pos: int, new_features: torch.Tensor) -> torch.Tensor:
+        seen = self.cache.length()
+        assert seen + new_features.shape[0] == anchor_pos, "the drafter's context must end right before the anchor"
+        device = block_ids.device
+        # One block whose anchor follows every context row, all in one document. A dense mask of
+        # B x (context + B) booleans is cheap at this size; flex would rebuild its block mask each step.
+        layout = BlockLayout(
+            context_doc=torch.zeros(anchor_pos, dtype=torch.long, device=device),
+            context_pos=torch.arange(anchor_pos, device=device),
+            anchor_doc=torch.zeros(1, dtype=torch.long, device=device),
+            anchor_pos=torch.full((1,), anchor_pos, dtype=torch.long, device=device),
+            block_size=int(block_ids.shape[0]),
+        )
+        embeds = F.embedding(block_ids, self.embed_weight).to(self.dtype)
+        if self.embed_scale != 1.0:
+            embeds = embeds * self.embed_scale
+        hidden = self.drafter(
+            embeds,
+            new_features.to(self.dtype),
+            layout.block_positions(),
+            torch.arange(seen, anchor_pos, device=device),
+            make_attention(layout, self.config, backend="dense"),
+            cache=self.cache,
+        )
+        logits = F.linear(hidden[1:].to(self.head_weight.dtype), self.head_weight)
+        if self.logit_multiplier != 1.0:
+            logits = logits * self.logit_multiplier
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+# ---------------------------------------------------------------------------------------------
+# The target's side: KV cache, features
+# ---------------------------------------------------------------------------------------------
+
+
+def _new_target_cache(target: PreTrainedModel) -> DynamicCache:
+    cache = DynamicCache(config=target.config)
+    # Sliding-window and linear-attention layers must keep their past until we crop the rejected rows.
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    return cache
+
+
+def _cache_arg(target: PreTrainedModel) -> str:
+    # transformers renamed ``past_key_values`` to ``cache`` during 5.x; the old name still warns.
+    return "cache" if "cache" in inspect.signature(target.forward).parameters else "past_key_values"
+
+
+def _crop(cache: DynamicCache, length: int) -> None:
+    cache.crop(length - cache.get_seq_length())  # a negative count: rows to drop from the end
+
+
+def _features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
+    """Feature id l is the output of decoder layer l, HF ``hidden_states[l + 1]``; [T, K * H]."""
+    return torch.cat([hidden_states[i + 1][0] for i in layer_ids], dim=-1)
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # time what the GPU did, not what was queued
+    return time.perf_counter()
+
+
+def _check_lengths(input_ids: Sequence[int], max_new_tokens: int, block_size: int) -> None:
+    if len(input_ids) == 0:
+        raise DraftlineError("a prompt needs at least one token")
+    if max_new_tokens < 1:
+        raise DraftlineError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if block_size < 1:
+        raise DraftlineError(f"block_size must be >= 1, got {block_size}")
+
+
+def _first_stop(tokens: list[int], stop: frozenset[int]) -> int | None:
+    return next((i for i, t in enumerate(tokens) if t in stop), None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: PreTrainedModel,
+    drafter: DFlashDrafter | Proposer,
+    input_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    stop_token_ids: Sequence[int] = (),
+    sampling: Sampling = Sampling(),
+    block_size: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Decode one prompt with DFlash speculative decoding; lossless with respect to ``target``."""
+    proposer = DFlashProposer(drafter, target) if isinstance(drafter, DFlashDrafter) else drafter
+    block_size = int(block_size or proposer.block_size)
+    _check_lengths(input_ids, max_new_tokens, block_size)
+    device = target.device
+    stop = frozenset(int(t) for t in stop_token_ids)
+    num_prompt = len(input_ids)
+    max_length = num_prompt + max_new_tokens
+    began = _now(device)
+
+    proposer.reset()
+    cache = _new_target_cache(target)
+    cache_arg = _cache_arg(target)
+    prefill = target(
+        torch.tensor([list(input_ids)], device=device),
+        **{cache_arg: cache},
+        use_cache=True,
+        logits_to_keep=1,
+        output_hidden_states=True,
+    )
+    anchor = choose(prefill.logits[0, -1], sampling, generator)  # device scalar
+    new_features = _features(prefill.hidden_states, proposer.target_layer_ids)
+    tokens = list(input_ids) + [int(anchor)]
+    start = num_prompt  # position of the anchor, the last committed token
+    acceptance_lengths: list[int] = []
+    stopped = tokens[-1] in stop
+
+    while start + 1 < max_length and not stopped:
+        size = min(block_size, max_length - start)
+        block = torch.full((size,), proposer.mask_token_id, dtype=torch.long, device=device)
+        block[0] = anchor
+        if size > 1:
+            draft_logits = proposer.draft_logits(block, start, new_features)  # [size - 1, V]
+            if sampling.greedy:
+                block[1:] = draft_logits.argmax(dim=-1)
+            else:
+                draft_probs = probabilities(draft_logits, sampling)
+                block[1:] = torch.multinomial(draft_probs, 1, generator=generator)[:, 0]
+
+        verify = target(
+            block[None],
+            position_ids=torch.arange(start, start + size, device=device)[None],
+            **{cache_arg: cache},
+            use_cache=True,
+            output_hidden_states=True,
+        )
+        drafts, target_logits = block[None, 1:], verify.logits[:, :size]
+        if sampling.greedy:
+            accepted, next_token = greedy_verify(drafts, target_logits)
+        elif size > 1:
+            target_probs = probabilities(target_logits, sampling)
+            accepted, next_token = rejection_sample(drafts, target_probs, draft_probs[None], generator)
+        else:
+            accepted, next_token = torch.zeros(1, dtype=torch.long, device=device), choose(
+                target_logits[:, 0], sampling, generator
+            )
+
+        # The one host sync of the step: the kept drafts followed by the target's own token.
+        proposal = torch.cat([block[1:], next_token])
+        proposal[accepted[0]] = next_token[0]
+        num_accepted, *candidates = torch.cat([accepted, proposal]).tolist()
+        committed = candidates[: min(num_accepted + 1, max_length - start - 1)]
+        cut = _first_stop(committed, stop)
+        if cut is not None:
+            committed, stopped = committed[: cut + 1], True
+
+        produced = len(committed)
+        tokens.extend(committed)
+        acceptance_lengths.append(produced)
+        # Rows s .. s+produced-1 are committed and keep their cache and features; the last committed
+        # token is the next anchor and enters the cache with the next block.
+        new_features = _features(verify.hidden_states, proposer.target_layer_ids)[:produced]
+        anchor = proposal[produced - 1]
+        start += produced
+        _crop(cache, start)
+
+    return Generation(tokens[:max_length], acceptance_lengths, num_prompt, _now(device) - began)
+
+
+@torch.inference_mode()
+def target_generate(
+    target: PreTrainedModel,
+    input_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    stop_token_ids: Sequence[int] = (),
+    sampling: Sampling = Sampling(),
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Target-only decoding, one token per forward: the baseline for losslessness and speed."""
+    _check_lengths(input_ids, max_new_tokens, 1)
+    device = target.device
+    stop = frozenset(int(t) for t in stop_token_ids)
+    num_prompt = len(input_ids)
+    began = _now(device)
+    cache = {_cache_arg(target): _new_target_cache(target)}
+    logits = target(torch.tensor([list(input_ids)], device=device), **cache, use_cache=True, logits_to_keep=1).logits
+    tokens = list(input_ids)
+    while True:
+        token = choose(logits[0, -1], sampling, generator)
+        tokens.append(int(token))  # syncs: the stop check needs the token on the host
+        if tokens[-1] in stop or len(tokens) - num_prompt >= max_new_tokens:
+            break
+        logits = target(token.view(1, 1), **cache, use_cache=True).logits
+    return Generation(tokens, [], num_prompt, _now(device) - began)
