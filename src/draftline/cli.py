@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"draftline {name}", description=COMMANDS[name][1])
     module.add_arguments(parser)
     args = parser.parse_args(argv[1:])
+    args.argv = argv[1:]  # the command's own arguments, for commands that re-launch themselves
     try:
         return int(module.run(args) or 0)
     except DraftlineError as exc:

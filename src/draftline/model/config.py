@@ -130,7 +130,7 @@ def build_drafter_config(
     config.block_size = int(block_size)
     config.num_target_layers = num_target_layers
     config.dflash_config = dflash
-    dtype = getattr(target_config, "dtype", None) or getattr(target_config, "torch_dtype", None)
+    dtype = getattr(target_config, "dtype", None)
     if dtype is not None:
         config.dtype = dtype
     validate_drafter_config(config)

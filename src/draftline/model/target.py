@@ -31,7 +31,9 @@ def load_target_config(target_dir: str | Path) -> PretrainedConfig:
 
 @contextmanager
 def _quiet_transformers():
-    logger = logging.getLogger("transformers.modeling_utils")
+    # The library's root logger: its children inherit the level (setting a child's own level would
+    # turn on extra checks in from_pretrained that only warn).
+    logger = logging.getLogger("transformers")
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
@@ -50,13 +52,21 @@ def _truncated_config(config: PretrainedConfig, num_layers: int) -> PretrainedCo
     return config
 
 
+class _StopForward(Exception):
+    """Raised after the deepest feature layer: the layers after it (and the head) need not run."""
+
+
 def default_attention(device: torch.device) -> str:
     # flex_attention handles packed documents block-sparsely on GPU; SDPA with a dense mask on CPU.
     return "flex_attention" if device.type == "cuda" else "sdpa"
 
 
 class TargetFeatures:
-    """Runs the target up to its deepest feature layer; returns fused features [T, K * H]."""
+    """Runs the target up to its deepest feature layer; returns fused features [T, K * H].
+
+    ``keep_all_layers=True`` keeps the whole model (with its LM head) so that the same copy can
+    also decode for evaluation; feature extraction still stops after the deepest feature layer.
+    """
 
     def __init__(
         self,
@@ -86,12 +96,16 @@ class TargetFeatures:
         self.decoder = model.get_decoder()
         self.device = device
         self._captured: dict[int, torch.Tensor] = {}
+        self._deepest = max(self.layer_ids)
+        self._stop_early = False
         for layer_id in set(self.layer_ids):
             self.decoder.layers[layer_id].register_forward_hook(self._hook(layer_id))
 
     def _hook(self, layer_id: int):
         def capture(_module, _inputs, output):
             self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
+            if self._stop_early and layer_id == self._deepest:
+                raise _StopForward
 
         return capture
 
@@ -104,7 +118,14 @@ class TargetFeatures:
         input_ids = batch.input_ids.to(self.device, non_blocking=True)[None]
         positions = batch.positions().to(self.device, non_blocking=True)[None]
         self._captured.clear()
-        self.decoder(input_ids=input_ids, position_ids=positions, use_cache=False)
+        # With all layers kept (the same model also serves evaluation), stop after the deepest one.
+        self._stop_early = True
+        try:
+            self.decoder(input_ids=input_ids, position_ids=positions, use_cache=False)
+        except _StopForward:
+            pass
+        finally:
+            self._stop_early = False
         features = torch.cat([self._captured[i][0] for i in self.layer_ids], dim=-1)
         self._captured.clear()
         return features

@@ -1,0 +1,153 @@
+"""``draftline train``: targets -> hidden-state queue -> drafters.
+
+One GPU (or CPU): ``draftline train --target DIR --data DATA --out RUN`` runs target and drafter
+in one process. One node: ``draftline train --gpus 8 ...`` (or ``torchrun --nproc-per-node 8 -m
+draftline train ...``). Many nodes: ``torchrun`` as usual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from draftline.config import TrainConfig, apply_dict, load_config_file
+
+# flag -> (section, field, type); None type = boolean switch
+_FLAGS: dict[str, tuple[str, str, object]] = {
+    "--target": ("model", "target", str),
+    "--draft-layers": ("model", "draft_layers", int),
+    "--block-size": ("model", "block_size", int),
+    "--target-layer-ids": ("model", "target_layer_ids", lambda s: [int(x) for x in s.split(",")]),
+    "--mask-token-id": ("model", "mask_token_id", int),
+    "--sliding-window": ("model", "sliding_window", int),
+    "--layer-types": ("model", "layer_types", lambda s: s.split(",")),
+    "--init-drafter": ("model", "init_drafter", str),
+    "--dtype": ("model", "dtype", str),
+    "--token-budget": ("data", "token_budget", int),
+    "--max-batch-size": ("data", "max_batch_size", int),
+    "--max-anchors": ("data", "max_anchors", int),
+    "--max-length": ("data", "max_length", int),
+    "--epochs": ("data", "epochs", int),
+    "--seed": ("data", "seed", int),
+    "--lr": ("optim", "lr", float),
+    "--min-lr-ratio": ("optim", "min_lr_ratio", float),
+    "--warmup-ratio": ("optim", "warmup_ratio", float),
+    "--weight-decay": ("optim", "weight_decay", float),
+    "--grad-clip": ("optim", "grad_clip", float),
+    "--grad-accum": ("optim", "grad_accum", int),
+    "--global-batch-tokens": ("optim", "global_batch_tokens", int),
+    "--max-steps": ("optim", "max_steps", int),
+    "--targets": ("topology", "targets", int),
+    "--drafters": ("topology", "drafters", int),
+    "--q-pre": ("topology", "q_pre", int),
+    "--q-hs": ("topology", "q_hs", int),
+    "--device": ("topology", "device", str),
+    "--failure-timeout": ("topology", "failure_timeout_s", float),
+    "--save-every": ("checkpoint", "every_steps", int),
+    "--save-every-minutes": ("checkpoint", "every_minutes", float),
+    "--keep": ("checkpoint", "keep", int),
+    "--resume": ("checkpoint", "resume", None),
+    "--from-scratch": ("checkpoint", "from_scratch", None),
+    "--log-every": ("monitor", "interval_s", float),
+    "--no-tensorboard": ("monitor", "tensorboard", "off"),
+    "--wandb": ("monitor", "wandb", None),
+    "--wandb-project": ("monitor", "wandb_project", str),
+    "--eval-every": ("monitor", "eval_every", int),
+    "--eval-prompts": ("monitor", "eval_prompts", str),
+    "--eval-num-prompts": ("monitor", "eval_num_prompts", int),
+    "--eval-max-new-tokens": ("monitor", "eval_max_new_tokens", int),
+    "--peak-tflops": ("monitor", "peak_tflops", float),
+    "--attention": ("engine", "attention", str),
+    "--head-chunk-rows": ("engine", "head_chunk_rows", int),
+    "--max-query-rows": ("engine", "max_query_rows", int),
+    "--activation-checkpointing": ("engine", "activation_checkpointing", None),
+    "--no-preflight": ("engine", "preflight", "off"),
+    "--memory-headroom-gib": ("engine", "memory_headroom_gib", float),
+    "--trace": ("engine", "trace", None),
+}
+
+
+def _help(section: str, name: str) -> str:
+    import dataclasses
+
+    from draftline import config as cfg
+
+    cls = {"model": cfg.ModelConfig, "data": cfg.DataConfig, "optim": cfg.OptimConfig, "topology": cfg.TopologyConfig,
+           "checkpoint": cfg.CheckpointConfig, "monitor": cfg.MonitorConfig, "engine": cfg.EngineConfig}[section]
+    default = next(f for f in dataclasses.fields(cls) if f.name == name)
+    default = default.default if default.default is not dataclasses.MISSING else default.default_factory()
+    return f"{section}.{name} (default {default!r})"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="a TOML or JSON file with [model], [data], [optim], ... sections; flags override it")
+    parser.add_argument("--out", help="run directory (checkpoints, metrics.jsonl, tensorboard/, final/)")
+    parser.add_argument("--data", nargs="+", help="a prepared dataset directory, or input files that `draftline prepare` reads")
+    parser.add_argument("--gpus", "--nproc", dest="gpus", type=int,
+                        help="launch this many processes on this node with torchrun (one per GPU; with --device cpu, CPU processes)")
+    parser.add_argument("--max-restarts", type=int, default=0, help="with --gpus: torchrun restarts after a failure (each resumes)")
+    for flag, (section, name, kind) in _FLAGS.items():
+        if kind is None:
+            parser.add_argument(flag, action="store_true", default=None, help=_help(section, name))
+        elif kind == "off":
+            parser.add_argument(flag, action="store_false", default=None, help=f"turn off {_help(section, name)}")
+        else:
+            parser.add_argument(flag, type=kind, help=_help(section, name))
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    config = TrainConfig()
+    if args.config:
+        apply_dict(config, load_config_file(args.config), args.config)
+    overrides: dict[str, dict] = {}
+    for flag, (section, name, _kind) in _FLAGS.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            overrides.setdefault(section, {})[name] = value
+    if args.data:
+        overrides.setdefault("data", {})["data"] = list(args.data)
+    if args.out:
+        overrides["out"] = args.out
+    apply_dict(config, overrides, "command line")
+    return config
+
+
+def _launch(args: argparse.Namespace, argv: list[str]) -> int:
+    """Re-run this command under torchrun with ``args.gpus`` local processes."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    rest, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+            continue
+        if item in ("--gpus", "--nproc", "--max-restarts"):
+            skip = True
+            continue
+        if item.startswith(("--gpus=", "--nproc=", "--max-restarts=")):
+            continue
+        rest.append(item)
+    torchrun_args = ["--standalone", f"--nproc-per-node={args.gpus}", f"--max-restarts={args.max_restarts}",
+                     "-m", "draftline", "train", *rest]
+    try:
+        torchrun.main(torchrun_args)
+    except ChildFailedError as exc:
+        first = next(iter(exc.failures.values()), None)
+        code = first.exitcode if first is not None else 1
+        print(f"draftline: the run failed (see the rank's message above; torchrun: {exc.name}, exit code {code})",
+              file=sys.stderr)
+        return code if code and code > 0 else 1
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from draftline.config import validate
+    from draftline.pipeline.run import run_training
+
+    config = config_from_args(args)
+    validate(config)
+    if args.gpus and args.gpus > 1 and "LOCAL_RANK" not in os.environ:
+        return _launch(args, list(getattr(args, "argv", sys.argv[2:])))
+    return run_training(config)

@@ -1,0 +1,289 @@
+"""The training configuration: one typed dataclass per concern, validated up front.
+
+A config comes from defaults, then a TOML or JSON file (``--config``), then command-line flags.
+``validate`` raises ``DraftlineError`` with the field and the fix; derived quantities are computed by
+functions in ``draftline.pipeline.plan`` and printed once at start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftline.errors import DraftlineError
+
+
+@dataclass
+class ModelConfig:
+    target: str = ""
+    """Hugging Face model directory of the frozen target."""
+    draft_layers: int = 5
+    """Decoder layers in the drafter."""
+    block_size: int = 16
+    """Tokens per block: the anchor plus block_size - 1 draft slots."""
+    target_layer_ids: list[int] | None = None
+    """Target layers whose outputs feed the drafter; None = the z-lab rule for draft_layers."""
+    mask_token_id: int | None = None
+    """Embedding row used as the mask token; None = the target's reserved mask (Qwen3) or last row."""
+    sliding_window: int | None = None
+    """Window of sliding_attention layers (with layer_types)."""
+    layer_types: list[str] | None = None
+    """Per drafter layer: 'full_attention' (default) or 'sliding_attention'."""
+    init_drafter: str | None = None
+    """Warm start: a drafter directory (e.g. a released z-lab drafter) to start from."""
+    dtype: str = "auto"
+    """Compute dtype: 'auto' (bf16 on GPU, fp32 on CPU), 'bfloat16' or 'float32'. Master weights stay fp32."""
+
+
+@dataclass
+class DataConfig:
+    data: list[str] = field(default_factory=list)
+    """A prepared dataset directory, or input files that `prepare` accepts (prepared into the run dir)."""
+    token_budget: int = 32768
+    """Tokens packed into one batch (whole documents, no padding)."""
+    max_batch_size: int = 64
+    """Documents per batch at most."""
+    max_anchors: int = 512
+    """Anchors sampled per document (not per batch)."""
+    max_length: int | None = None
+    """When --data needs preparing: truncate longer conversations to this many tokens (default: token_budget)."""
+    sort_window: int = 1024
+    """The batcher orders samples by length within windows of this many, so packing wastes little."""
+    epochs: int = 6
+    """Passes over the data."""
+    seed: int = 0
+    """Seeds shuffling, anchor sampling and the drafter's initialisation."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 6e-4
+    """Peak learning rate (AdamW)."""
+    min_lr_ratio: float = 0.0
+    """Cosine decays to lr * min_lr_ratio."""
+    warmup_ratio: float = 0.04
+    """Share of the total steps spent warming up linearly."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (not applied to norms)."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 = off)."""
+    grad_accum: int = 1
+    """Batches per optimizer step, over all drafters together."""
+    global_batch_tokens: int | None = None
+    """Alternative to grad_accum: tokens per optimizer step; grad_accum = ceil(this / token_budget)."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (trials); the schedule still spans the whole run."""
+    max_bad_steps: int = 20
+    """Consecutive steps with a non-finite loss or gradient (skipped) before training stops."""
+
+
+@dataclass
+class TopologyConfig:
+    targets: int | None = None
+    """Ranks running the target; with drafters, must add up to the world size. None = planned."""
+    drafters: int | None = None
+    """Ranks training the drafter."""
+    gpus: int | None = None
+    """Launch this many local processes with torchrun (one per GPU); None = as launched."""
+    q_pre: int = 8
+    """Prefetch queue of ready token batches per target."""
+    q_hs: int = 8
+    """Hidden-state queue capacity (batches of features waiting for a drafter), over all targets."""
+    device: str = "auto"
+    """'auto' (CUDA if available), 'cuda' or 'cpu'."""
+    failure_timeout_s: float = 30.0
+    """A rank silent for this long is declared dead or hung and the run stops."""
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 500
+    """Save every this many optimizer steps (0 = off)."""
+    every_minutes: float = 30.0
+    """... and at least this often (0 = off)."""
+    keep: int = 3
+    """Checkpoints kept; older ones are deleted after a new one is written."""
+    resume: bool = False
+    """Continue the run in the output directory from its latest checkpoint."""
+    from_scratch: bool = False
+    """Start over although the output directory has checkpoints (they are moved aside)."""
+
+
+@dataclass
+class MonitorConfig:
+    interval_s: float = 5.0
+    """Seconds between status blocks."""
+    tensorboard: bool = True
+    """Write TensorBoard events to RUN_DIR/tensorboard."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs `pip install wandb`)."""
+    wandb_project: str = "draftline"
+    """W&B project name."""
+    eval_every: int = 0
+    """Measure real acceptance every this many steps on held-out prompts (0 = only at the end)."""
+    eval_prompts: str | None = None
+    """Prompts for that (JSONL); default: the dataset's held-out prompts."""
+    eval_num_prompts: int = 8
+    """Prompts used per evaluation."""
+    eval_max_new_tokens: int = 64
+    """Tokens generated per prompt in an evaluation."""
+    peak_tflops: float | None = None
+    """Peak dense matrix rate per device for MFU; None = known table, else measured at start."""
+
+
+@dataclass
+class EngineConfig:
+    attention: str = "auto"
+    """Drafter attention: 'auto' (flex on GPU, dense on CPU), 'flex' or 'dense'."""
+    head_chunk_rows: int = 4096
+    """Rows of vocabulary logits materialised at once."""
+    max_query_rows: int = 32768
+    """Block rows (anchors x block) per drafter pass; a larger batch runs in several passes."""
+    activation_checkpointing: bool = False
+    """Recompute drafter layers in backward (less memory, ~1/3 more drafter compute)."""
+    preflight: bool = True
+    """Run each role's worst-case batch before training and refuse a configuration that would run out of memory."""
+    memory_headroom_gib: float = 2.0
+    """GPU memory kept free by preflight (allocator fragmentation, library updates)."""
+    trace: bool = False
+    """Write RUN_DIR/trace/: each step's loss, and the batches and samples each drafter trained (audits, tests)."""
+
+
+@dataclass
+class TrainConfig:
+    out: str = ""
+    """Run directory: checkpoints, metrics, final drafter."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "TrainConfig":
+        config = cls()
+        apply_dict(config, data, source)
+        return config
+
+
+def _sections(config: TrainConfig) -> dict[str, Any]:
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if dataclasses.is_dataclass(getattr(config, f.name))}
+
+
+def apply_dict(config: TrainConfig, data: dict[str, Any], source: str) -> None:
+    """Set fields from a nested dict ``{section: {field: value}}`` (top-level ``out`` too)."""
+    sections = _sections(config)
+    for key, value in data.items():
+        if key == "out":
+            config.out = str(value)
+            continue
+        if key not in sections:
+            raise DraftlineError(f"{source}: unknown section {key!r}; sections are {sorted(sections)} and 'out'")
+        if not isinstance(value, dict):
+            raise DraftlineError(f"{source}: [{key}] must be a table of fields")
+        section = sections[key]
+        names = {f.name: f for f in dataclasses.fields(section)}
+        for name, item in value.items():
+            if name not in names:
+                raise DraftlineError(f"{source}: unknown field {key}.{name}; fields of [{key}] are {sorted(names)}")
+            if name == "betas":
+                item = tuple(item)
+            if name == "data" and isinstance(item, str):
+                item = [item]
+            setattr(section, name, item)
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise DraftlineError(f"{path}: config file not found")
+    text = path.read_text()
+    if path.suffix == ".toml":
+        import tomllib
+
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise DraftlineError(f"{path}: invalid TOML ({exc})") from exc
+    if path.suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DraftlineError(f"{path}: invalid JSON at line {exc.lineno} ({exc.msg})") from exc
+    raise DraftlineError(f"{path}: config files are .toml or .json")
+
+
+def _positive(value: Any, name: str, allow_zero: bool = False) -> None:
+    bad = value is None or value < 0 or (value == 0 and not allow_zero)
+    if bad:
+        raise DraftlineError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def validate(config: TrainConfig) -> None:
+    """Raise DraftlineError naming the field and the fix for anything that cannot run."""
+    if not config.out:
+        raise DraftlineError("out (--out RUN_DIR) is required: the run directory for checkpoints and metrics")
+    if not config.model.target:
+        raise DraftlineError("model.target (--target DIR) is required: the target model directory")
+    if not config.data.data:
+        raise DraftlineError("data.data (--data) is required: a prepared dataset directory or input files")
+    m, d, o, t, c, e = config.model, config.data, config.optim, config.topology, config.checkpoint, config.engine
+    _positive(m.draft_layers, "model.draft_layers (--draft-layers)")
+    if m.block_size < 2:
+        raise DraftlineError(f"model.block_size (--block-size) must be >= 2, got {m.block_size}")
+    if m.dtype not in ("auto", "bfloat16", "float32"):
+        raise DraftlineError(f"model.dtype must be auto, bfloat16 or float32, got {m.dtype!r}")
+    _positive(d.token_budget, "data.token_budget (--token-budget)")
+    _positive(d.max_batch_size, "data.max_batch_size (--max-batch-size)")
+    _positive(d.max_anchors, "data.max_anchors (--max-anchors)")
+    _positive(d.epochs, "data.epochs (--epochs)")
+    if d.max_length is not None and d.max_length > d.token_budget:
+        raise DraftlineError(
+            f"data.max_length={d.max_length} exceeds data.token_budget={d.token_budget}: a sample must fit in one batch; "
+            "lower --max-length or raise --token-budget"
+        )
+    _positive(o.lr, "optim.lr (--lr)")
+    if not 0 <= o.warmup_ratio < 1:
+        raise DraftlineError(f"optim.warmup_ratio (--warmup-ratio) must be in [0, 1), got {o.warmup_ratio}")
+    if not 0 <= o.min_lr_ratio <= 1:
+        raise DraftlineError(f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio}")
+    _positive(o.grad_accum, "optim.grad_accum (--grad-accum)")
+    _positive(o.grad_clip, "optim.grad_clip (--grad-clip)", allow_zero=True)
+    if o.max_steps is not None:
+        _positive(o.max_steps, "optim.max_steps (--max-steps)")
+    _positive(o.max_bad_steps, "optim.max_bad_steps")
+    for name in ("targets", "drafters", "gpus"):
+        value = getattr(t, name)
+        if value is not None:
+            _positive(value, f"topology.{name} (--{name})")
+    _positive(t.q_pre, "topology.q_pre (--q-pre)")
+    _positive(t.q_hs, "topology.q_hs (--q-hs)")
+    if t.device not in ("auto", "cuda", "cpu"):
+        raise DraftlineError(f"topology.device (--device) must be auto, cuda or cpu, got {t.device!r}")
+    _positive(t.failure_timeout_s, "topology.failure_timeout_s")
+    if c.resume and c.from_scratch:
+        raise DraftlineError("--resume and --from-scratch contradict each other; pick one")
+    _positive(c.keep, "checkpoint.keep (--keep)")
+    if e.attention not in ("auto", "flex", "dense"):
+        raise DraftlineError(f"engine.attention must be auto, flex or dense, got {e.attention!r}")
+    if e.max_query_rows < m.block_size:
+        raise DraftlineError(f"engine.max_query_rows={e.max_query_rows} must hold at least one block ({m.block_size} rows)")
+    _positive(e.head_chunk_rows, "engine.head_chunk_rows")
+
+
+def grad_accum_batches(config: TrainConfig) -> int:
+    """Batches per optimizer step (over all drafters)."""
+    if config.optim.global_batch_tokens:
+        return max(1, math.ceil(config.optim.global_batch_tokens / config.data.token_budget))
+    return config.optim.grad_accum

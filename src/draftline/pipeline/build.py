@@ -1,0 +1,137 @@
+"""Building a rank's pieces: device, data, target, drafter, optimizer. No training happens here."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from draftline.checkpoint.export import load_drafter, load_drafter_config
+from draftline.config import TrainConfig, grad_accum_batches
+from draftline.data.batcher import BatchSchedule, TokenBudgetBatcher
+from draftline.data.dataset import TokenDataset
+from draftline.errors import DraftlineError
+from draftline.model.config import build_drafter_config, check_matches_target
+from draftline.model.drafter import DFlashDrafter
+from draftline.model.target import load_target_config
+from draftline.pipeline.drafter_worker import steps_for
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_environ(cls) -> "DistEnv":
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def pick_device(config: TrainConfig, local_rank: int) -> torch.device:
+    wanted = config.topology.device
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise DraftlineError("--device cuda, but this machine has no CUDA device; use --device cpu")
+    if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        raise DraftlineError(
+            f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); launch at most one process per GPU"
+        )
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
+    if config.model.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, config.model.dtype)
+
+
+@dataclass
+class DataPlan:
+    dataset: TokenDataset
+    schedule: BatchSchedule
+    batches_per_step: int
+    total_steps: int
+    end_seq: int  # batches numbered [0, end_seq) are trained in this run
+
+    def batch(self, seq: int):
+        epoch, _ = self.schedule.locate(seq)
+        return self.dataset.packed_batch(self.schedule.sample_indices(seq), epoch, seq)
+
+
+def plan_data(config: TrainConfig, data_dir: Path) -> DataPlan:
+    dataset = TokenDataset(data_dir)
+    if len(dataset) == 0:
+        raise DraftlineError(f"{data_dir}: the dataset has no samples")
+    longest = int(dataset.lengths.max())
+    if longest > config.data.token_budget:
+        raise DraftlineError(
+            f"{data_dir}: the longest sample has {longest} tokens, more than --token-budget {config.data.token_budget}; "
+            f"raise --token-budget to at least {longest} or prepare the data with --max-length {config.data.token_budget}"
+        )
+    batcher = TokenBudgetBatcher(
+        dataset.lengths, config.data.token_budget, config.data.max_batch_size,
+        seed=config.data.seed, sort_window=config.data.sort_window,
+    )
+    schedule = BatchSchedule(batcher, config.data.epochs)
+    per_step = grad_accum_batches(config)
+    total = steps_for(schedule.total_batches, per_step, config.optim.max_steps)
+    return DataPlan(dataset, schedule, per_step, total, min(schedule.total_batches, total * per_step))
+
+
+def drafter_config(config: TrainConfig):
+    """The drafter's config: from the warm-start drafter, else derived from the target's."""
+    target_config = load_target_config(config.model.target)
+    if config.model.init_drafter:
+        drafter_cfg = load_drafter_config(config.model.init_drafter)
+        check_matches_target(drafter_cfg, target_config)
+        return drafter_cfg
+    return build_drafter_config(
+        target_config,
+        num_hidden_layers=config.model.draft_layers,
+        block_size=config.model.block_size,
+        mask_token_id=config.model.mask_token_id,
+        target_layer_ids=config.model.target_layer_ids,
+        layer_types=config.model.layer_types,
+        sliding_window=config.model.sliding_window,
+    )
+
+
+def build_drafter(config: TrainConfig, device: torch.device) -> DFlashDrafter:
+    """fp32 master weights on ``device``: a fresh seeded init or the warm-start weights."""
+    if config.model.init_drafter:
+        return load_drafter(config.model.init_drafter, device=device, dtype=torch.float32)
+    torch.manual_seed(config.data.seed)
+    drafter = DFlashDrafter(drafter_config(config))
+    return drafter.to(device=device, dtype=torch.float32)
+
+
+def resolve_data_dir(config: TrainConfig) -> Path:
+    """The dataset to train on: --data itself if prepared, else prepared into RUN_DIR/data now."""
+    sources = [Path(p) for p in config.data.data]
+    if len(sources) == 1 and (sources[0] / "meta.json").is_file():
+        return sources[0]
+    from draftline.data.prepare import PrepareConfig, format_stats, prepare
+
+    out = Path(config.out) / "data"
+    if (out / "meta.json").is_file():
+        return out
+    print(f"draftline: --data is not a prepared dataset; preparing {', '.join(map(str, sources))} into {out}")
+    meta = prepare(
+        PrepareConfig(
+            target=Path(config.model.target),
+            inputs=[str(p) for p in config.data.data],
+            out=out,
+            max_length=config.data.max_length or config.data.token_budget,
+            heldout=config.monitor.eval_num_prompts,
+            workers=max(1, min(8, (os.cpu_count() or 2) - 1)),
+            seed=config.data.seed,
+        )
+    )
+    for line in format_stats(meta):
+        print(f"  {line}")
+    return out

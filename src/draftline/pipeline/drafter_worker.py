@@ -1,0 +1,296 @@
+"""The drafter role: take feature batches, train the drafter, finish optimizer steps together.
+
+Step ``k`` is the batches numbered ``k*G .. (k+1)*G - 1`` (G = batches per step), whichever drafter
+takes them. A drafter learns that step ``k`` is complete when it is handed a batch of a later step
+(or the end): then all drafters all-reduce the summed gradients and metrics, divide the gradients
+by the step's total label weight, clip, and step the optimizer. So the result of a step does not
+depend on how its batches were spread over drafters or split into passes.
+
+A batch runs in one or more passes of at most ``max_query_rows`` block rows; each pass is one
+forward (all blocks in one attention pass) and one backward.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from draftline.data.batch import PackedBatch
+from draftline.errors import DraftlineError
+from draftline.monitor.flops import DrafterShape, drafter_flops_of_blocks
+from draftline.objective.anchors import sample_anchors
+from draftline.objective.blocks import build_blocks
+from draftline.objective.loss import DFlashObjective
+from draftline.objective.metrics import WEIGHT_SUM, metrics_size
+from draftline.pipeline.health import Health, wait_work
+from draftline.pipeline.transport import Delivery, FeatureReceiver
+
+# Extra entries appended to the metrics vector for the step all-reduce.
+_EXTRA = ("tokens", "samples", "batches", "flops", "stop")
+
+
+@dataclass
+class Pass:
+    """One forward/backward over a contiguous run of anchors of a batch."""
+
+    batch: PackedBatch  # the documents the pass needs (whole documents)
+    anchors: torch.Tensor  # flat indices into ``batch``
+    token_lo: int  # offset of ``batch`` in the full batch (to slice the features)
+    token_hi: int
+
+
+def plan_passes(batch: PackedBatch, anchors: torch.Tensor, max_anchors_per_pass: int) -> list[Pass]:
+    """Split a batch's anchors (sorted) into passes of at most ``max_anchors_per_pass``."""
+    if anchors.numel() == 0:
+        return []
+    doc_of_token = batch.doc_ids()
+    starts = batch.doc_starts()
+    ends = starts + batch.doc_lengths
+    passes = []
+    for lo in range(0, anchors.numel(), max_anchors_per_pass):
+        chunk = anchors[lo : lo + max_anchors_per_pass]
+        first_doc = int(doc_of_token[chunk[0]])
+        last_doc = int(doc_of_token[chunk[-1]])
+        token_lo, token_hi = int(starts[first_doc]), int(ends[last_doc])
+        sub = batch.slice_docs(first_doc, last_doc + 1)
+        passes.append(Pass(sub, chunk - token_lo, token_lo, token_hi))
+    return passes
+
+
+@dataclass
+class DrafterCounters:
+    """What this drafter did (host-side numbers for the monitor and the checkpoint)."""
+
+    step: int = 0
+    batches: int = 0
+    tokens: int = 0
+    samples: int = 0
+    passes: int = 0
+    flops: float = 0.0
+    busy_s: float = 0.0
+    wait_s: float = 0.0
+    sync_s: float = 0.0
+    skipped_steps: int = 0
+    bad_in_a_row: int = 0
+    last_loss: float = float("nan")
+    last_grad_norm: float = float("nan")
+    extra: dict = field(default_factory=dict)
+
+
+class GradSync:
+    """Sum gradients and a small metrics vector over the drafter ranks (nothing with one drafter)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], group, health: Health, bucket_mb: float = 64.0):
+        self.params = params
+        self.group = group
+        self.health = health
+        self.buckets: list[list[torch.nn.Parameter]] = []
+        bucket: list[torch.nn.Parameter] = []
+        size = 0
+        limit = int(bucket_mb * 2**20)
+        # Reverse definition order: the order in which backward finishes gradients.
+        for p in reversed(params):
+            bucket.append(p)
+            size += p.numel() * 4
+            if size >= limit:
+                self.buckets.append(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self.buckets.append(bucket)
+
+    @property
+    def active(self) -> bool:
+        return self.group is not None
+
+    def all_reduce(self, vector: torch.Tensor) -> torch.Tensor:
+        """Sum ``vector`` and every parameter's gradient over the group, in place."""
+        if self.group is None:
+            return vector
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        works = [dist.all_reduce(vector, group=self.group, async_op=True)]
+        flats = []
+        for bucket in self.buckets:
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+            flats.append(flat)
+            works.append(dist.all_reduce(flat, group=self.group, async_op=True))
+        for work in works:
+            wait_work(work, self.health)
+        for bucket, flat in zip(self.buckets, flats):
+            offset = 0
+            for p in bucket:
+                n = p.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+                offset += n
+        return vector
+
+
+class DrafterWorker:
+    """Trains the drafter on what ``receiver`` hands over; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        objective: DFlashObjective,
+        optimizer: torch.optim.Optimizer,
+        scheduler,
+        receiver: FeatureReceiver,
+        sync: GradSync,
+        health: Health,
+        device: torch.device,
+        compute_dtype: torch.dtype,
+        batches_per_step: int,
+        start_step: int,
+        total_steps: int,
+        max_query_rows: int,
+        grad_clip: float,
+        max_bad_steps: int,
+        activation_checkpointing: bool = False,
+        on_step=None,
+        on_batch=None,
+        stop_requested=lambda: False,
+    ):
+        self.objective = objective
+        self.drafter = objective.drafter
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.receiver = receiver
+        self.sync = sync
+        self.health = health
+        self.device = device
+        self.compute_dtype = compute_dtype
+        self.batches_per_step = batches_per_step
+        self.step = start_step
+        self.total_steps = total_steps
+        self.block_size = objective.block_size
+        self.max_anchors_per_pass = max(1, max_query_rows // self.block_size)
+        self.grad_clip = grad_clip
+        self.max_bad_steps = max_bad_steps
+        self.on_step = on_step
+        self.on_batch = on_batch
+        self.stop_requested = stop_requested
+        self.shape = DrafterShape.from_config(self.drafter.config)
+        self.counters = DrafterCounters(step=start_step)
+        self.in_optimizer_step = False
+        self.params = [p for p in self.drafter.parameters() if p.requires_grad]
+        size = metrics_size(self.block_size)
+        self._vector = torch.zeros(size + len(_EXTRA), dtype=torch.float64, device=device)
+        self._metrics_size = size
+        if activation_checkpointing:
+            _checkpoint_layers(self.drafter)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> str:
+        """Train until the batches run out, ``total_steps`` is reached or a stop is agreed.
+
+        Returns 'finished' or 'stopped'.
+        """
+        self.optimizer.zero_grad(set_to_none=False)
+        while self.step < self.total_steps:
+            delivery, waited = self.receiver.get()
+            self.counters.wait_s += waited
+            boundary = self.total_steps if delivery is None else delivery.seq // self.batches_per_step
+            while self.step < min(boundary, self.total_steps):
+                if self.finish_step():
+                    return "stopped"
+            if delivery is None or self.step >= self.total_steps:
+                break
+            self.train_on(delivery)
+        return "finished"
+
+    def train_on(self, delivery: Delivery) -> None:
+        start = time.perf_counter()
+        batch = delivery.batch
+        settings = self.objective.settings
+        anchors = sample_anchors(batch, settings.max_anchors, settings.seed)  # host
+        for part in plan_passes(batch, anchors, self.max_anchors_per_pass):
+            blocks_host = build_blocks(
+                part.batch, part.anchors, block_size=self.block_size,
+                mask_token_id=self.objective.mask_token_id, gamma=self.objective.gamma,
+            )
+            flops = drafter_flops_of_blocks(self.shape, blocks_host)
+            self.counters.flops += flops
+            self._vector[self._metrics_size + 3] += flops
+            blocks = blocks_host.pin_memory().to(self.device) if self.device.type == "cuda" else blocks_host
+            features = delivery.features[part.token_lo : part.token_hi]
+            with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32):
+                loss_sum, metrics = self.objective(features, blocks)
+            loss_sum.backward()
+            self._vector[: self._metrics_size] += metrics
+            self.counters.passes += 1
+            self.health.check()
+        tokens = batch.num_tokens
+        extra = self._vector[self._metrics_size :]
+        extra[0] += tokens
+        extra[1] += batch.num_docs
+        extra[2] += 1
+        self.counters.batches += 1
+        self.counters.tokens += tokens
+        self.counters.samples += batch.num_docs
+        self.counters.busy_s += time.perf_counter() - start
+        if self.on_batch is not None:
+            self.on_batch(self, delivery)
+
+    def finish_step(self) -> bool:
+        """All-reduce, normalise, clip, step. Returns True when the drafters agreed to stop."""
+        start = time.perf_counter()
+        self._vector[-1] = 1.0 if self.stop_requested() else 0.0
+        vector = self.sync.all_reduce(self._vector.clone())
+        weight = vector[WEIGHT_SUM]
+        scale = (1.0 / weight.clamp_min(1e-12)).float()
+        grads = [p.grad for p in self.params if p.grad is not None]
+        torch._foreach_mul_(grads, scale)
+        if self.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
+        # One host sync per optimizer step: skip the update if the loss or a gradient is not finite.
+        finite = bool(torch.isfinite(norm).item()) and bool(torch.isfinite(vector[0]).item())
+        if finite:
+            self.in_optimizer_step = True  # a failure in here leaves the weights half-updated
+            self.optimizer.step()
+            self.in_optimizer_step = False
+            self.counters.bad_in_a_row = 0
+        else:
+            self.counters.skipped_steps += 1
+            self.counters.bad_in_a_row += 1
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=False)
+        self.step += 1
+        self.counters.step = self.step
+        self.counters.sync_s += time.perf_counter() - start
+        self.counters.last_grad_norm = float(norm)
+        stop = bool(vector[-1].item() > 0)
+        step_vector = vector.clone()
+        self._vector.zero_()
+        if self.on_step is not None:
+            self.on_step(self, step_vector)
+        if self.counters.bad_in_a_row >= self.max_bad_steps:
+            raise DraftlineError(
+                f"{self.counters.bad_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
+                f"(last at step {self.step}); lower --lr, check the data, or resume from an earlier checkpoint"
+            )
+        return stop
+
+
+def _checkpoint_layers(drafter) -> None:
+    """Recompute each decoder layer in backward instead of storing its activations."""
+    from torch.utils.checkpoint import checkpoint
+
+    for layer in drafter.layers:
+        forward = layer.forward
+
+        def wrapped(*args, _forward=forward, **kwargs):
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        layer.forward = wrapped
+
+
+def steps_for(total_batches: int, batches_per_step: int, max_steps: int | None) -> int:
+    steps = math.ceil(total_batches / batches_per_step)
+    return min(steps, max_steps) if max_steps else steps

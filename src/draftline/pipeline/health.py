@@ -1,0 +1,255 @@
+"""Failure detection: heartbeats, failure reports and a watchdog on every rank.
+
+Each rank publishes who it is (role, host, GPU, pid), a heartbeat every ``beat_s`` seconds that
+also carries its latest progress time, and - when it fails - the cause. A watchdog thread on every
+rank reads the others'. When a rank reports a failure, or its heartbeat or progress stops for
+``timeout_s`` (killed, or hung in a kernel or a collective), every rank's ``Health.abort`` is set
+with a message that names the role, rank, host, GPU and cause. Blocking waits in the pipeline poll
+``Health.check()``, which raises ``RunAborted``; nothing continues with fewer workers.
+
+A single process (colocated, CPU tests) uses the same object with no store: only local signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+class RunAborted(RuntimeError):
+    """The run must stop: another rank failed, a signal arrived, or this rank was told to stop."""
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    role: str
+    host: str
+    gpu: str
+    pid: int
+
+    def describe(self) -> str:
+        return f"{self.role} rank {self.rank} (host {self.host}, {self.gpu}, pid {self.pid})"
+
+
+def local_rank_info(rank: int, role: str, device: torch.device) -> RankInfo:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        gpu = f"GPU {index} {torch.cuda.get_device_name(index)}"
+    else:
+        gpu = "CPU"
+    return RankInfo(rank, role, socket.gethostname(), gpu, os.getpid())
+
+
+def describe_exception(exc: BaseException) -> str:
+    """The cause of a failure in words, with what to do for the common ones."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return (f"out of GPU memory ({first[:160]}); lower --token-budget or --max-query-rows, "
+                "or enable --activation-checkpointing")
+    return f"{type(exc).__name__}: {exc}"[:600]
+
+
+class Health:
+    """This rank's view of the run's health. Thread-safe; cheap to ``check()``."""
+
+    def __init__(self, info: RankInfo, store=None, world_size: int = 1, *, timeout_s: float = 30.0, beat_s: float = 2.0):
+        self.info = info
+        self.store = store
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.beat_s = beat_s
+        self._abort: str | None = None
+        self.failed_rank: int | None = None  # the rank a failure message is about, when known
+        self._lock = threading.Lock()
+        self._progress = time.time()
+        self._stats: dict = {}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.peers: dict[int, RankInfo] = {info.rank: info}
+
+    # ---------------------------------------------------------------- local state
+    def tick(self) -> None:
+        """The main loop is alive (called from polling waits and between batches)."""
+        self._progress = time.time()
+
+    def set_stats(self, stats: dict) -> None:
+        """Numbers this rank shares with the monitor (queue depths, rates, memory)."""
+        self._stats = stats
+
+    def abort(self, message: str) -> None:
+        with self._lock:
+            if self._abort is None:
+                self._abort = message
+
+    @property
+    def aborted(self) -> str | None:
+        return self._abort
+
+    def check(self) -> None:
+        self.tick()
+        if self._abort is not None:
+            raise RunAborted(self._abort)
+
+    # ---------------------------------------------------------------- store side
+    def start(self) -> None:
+        """Publish this rank and start the heartbeat and watchdog threads (no-op without a store)."""
+        if self.store is None:
+            return
+        self.store.set(f"rank/{self.info.rank}", json.dumps(asdict(self.info)))
+        self._beat()
+        for target in (self._heartbeat_loop, self._watchdog_loop):
+            thread = threading.Thread(target=target, name=f"draftline-{target.__name__}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def report_failure(self, cause: str) -> None:
+        """Tell every rank that this one failed, and why (before this process exits)."""
+        self.abort(f"{self.info.describe()} failed: {cause}")
+        if self.store is not None:
+            try:
+                self.store.set(f"fail/{self.info.rank}", json.dumps({"cause": cause, "time": time.time()}))
+            except Exception:  # noqa: BLE001 - the store may be gone already; the heartbeat will stop
+                pass
+
+    def report_done(self) -> None:
+        if self.store is not None:
+            try:
+                self._beat()  # the final numbers, for the monitor
+                self.store.set(f"done/{self.info.rank}", "1")
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _beat(self) -> None:
+        payload = {"time": time.time(), "progress": self._progress, "stats": self._stats}
+        self.store.set(f"hb/{self.info.rank}", json.dumps(payload))
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.beat_s):
+            try:
+                self._beat()
+            except Exception:  # noqa: BLE001 - store unreachable: the agent is gone; peers notice us
+                return
+
+    def peer(self, rank: int) -> RankInfo:
+        if rank not in self.peers:
+            try:
+                self.peers[rank] = RankInfo(**json.loads(self.store.get(f"rank/{rank}")))
+            except Exception:  # noqa: BLE001
+                return RankInfo(rank, "unknown", "?", "?", -1)
+        return self.peers[rank]
+
+    def peer_stats(self) -> dict[int, dict]:
+        """Latest stats of every rank (for the monitor)."""
+        out = {self.info.rank: self._stats}
+        if self.store is None:
+            return out
+        for rank in range(self.world_size):
+            if rank == self.info.rank:
+                continue
+            try:
+                if self.store.check([f"hb/{rank}"]):
+                    out[rank] = json.loads(self.store.get(f"hb/{rank}"))["stats"]
+            except Exception:  # noqa: BLE001
+                pass
+        return out
+
+    def scan(self) -> str | None:
+        """One look at every other rank; the message naming a dead, failed or hung rank, if any."""
+        now = time.time()
+        if self.store.check(["run_over"]):
+            return "the drafters ended the run"
+        for rank in range(self.world_size):
+            if rank == self.info.rank:
+                continue
+            if self.store.check([f"fail/{rank}"]):
+                cause = json.loads(self.store.get(f"fail/{rank}"))["cause"]
+                self.failed_rank = rank
+                return f"{self.peer(rank).describe()} failed: {cause}"
+            if self.store.check([f"done/{rank}"]):
+                continue
+            if not self.store.check([f"hb/{rank}"]):
+                continue  # not started yet; startup waits are bounded by the process-group timeout
+            beat = json.loads(self.store.get(f"hb/{rank}"))
+            info = self.peer(rank)
+            self.failed_rank = rank  # provisional: cleared below if this rank looks healthy
+            if info.host == self.info.host and info.pid > 0 and not _pid_alive(info.pid):
+                return f"{info.describe()} died (process gone: killed, or crashed without a report)"
+            if now - beat["time"] > self.timeout_s:
+                return f"{info.describe()} stopped responding (no heartbeat for {now - beat['time']:.0f} s): killed or lost"
+            if now - beat["progress"] > self.timeout_s:
+                return (f"{info.describe()} is hung (no progress for {now - beat['progress']:.0f} s; "
+                        "stuck in a kernel or a collective)")
+            self.failed_rank = None
+        return None
+
+    def _watchdog_loop(self) -> None:
+        while not self._stop.wait(self.beat_s):
+            try:
+                message = self.scan()
+            except Exception:  # noqa: BLE001 - the store itself is gone: the launcher tore the job down
+                message = "lost contact with the job's store (the launcher stopped the run or a node went away)"
+            if message:
+                self.abort(message)
+                return
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def wait_work(work, health: Health) -> float:
+    """Wait for a torch.distributed request while checking health; returns the seconds waited.
+
+    NCCL requests are polled with ``is_completed`` (a CUDA event query), then ``wait`` orders the
+    current stream after them. Gloo requests only complete inside ``wait``, so a helper thread
+    blocks in it while this thread polls.
+    """
+    import torch.distributed as dist
+
+    if dist.get_backend() != "gloo":
+        waited = wait_for(work.is_completed, health)
+        work.wait()
+        return waited
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def block() -> None:
+        try:
+            work.wait()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below in the waiting thread
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=block, name="draftline-wait", daemon=True).start()
+    waited = wait_for(done.is_set, health)
+    if errors:
+        raise errors[0]
+    return waited
+
+
+def wait_for(predicate, health: Health, *, sleep_s: float = 0.0005, max_sleep_s: float = 0.01) -> float:
+    """Poll ``predicate`` until true, checking health between polls; returns the seconds waited."""
+    start = time.perf_counter()
+    delay = sleep_s
+    while not predicate():
+        health.check()
+        time.sleep(delay)
+        delay = min(delay * 2, max_sleep_s)
+    return time.perf_counter() - start

@@ -1,0 +1,208 @@
+"""The logging rank's view of the whole line, every few seconds.
+
+Inputs: the all-reduced step vectors (exact global loss, tokens and FLOPs of the drafter side, from
+``on_step``), and every other rank's published counters (through ``Health.peer_stats``: targets'
+queue depths, waits, batches and FLOPs; drafters' waits; each rank's GPU memory and utilisation).
+Output: one ``LineStatus`` per interval, shown by the dashboard and logged to metrics.jsonl and
+TensorBoard.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from draftline.monitor.dashboard import Dashboard
+from draftline.monitor.flops import PeakFlops, mfu
+from draftline.monitor.gpu import GpuStats
+from draftline.monitor.status import LineStatus, RateMeter, eta_seconds
+from draftline.objective.metrics import metrics_size, summarize
+from draftline.pipeline.health import Health
+
+
+class LineMonitor:
+    def __init__(
+        self,
+        *,
+        health: Health,
+        logger,
+        dashboard: Dashboard | None,
+        block_size: int,
+        total_steps: int,
+        start_step: int,
+        batches_per_step: int,
+        schedule,
+        peak: PeakFlops,
+        num_devices: int,
+        q_pre_capacity: int,
+        q_hs_capacity: int,
+        interval_s: float,
+        window_s: float = 30.0,
+    ):
+        self.health = health
+        self.logger = logger
+        self.dashboard = dashboard
+        self.block_size = block_size
+        self.total_steps = total_steps
+        self.step = start_step
+        self.batches_per_step = batches_per_step
+        self.schedule = schedule
+        self.peak = peak
+        self.num_devices = num_devices
+        self.q_pre_capacity = q_pre_capacity
+        self.q_hs_capacity = q_hs_capacity
+        self.interval_s = interval_s
+        self.started = time.time()
+        self._lock = threading.Lock()
+        self._size = metrics_size(block_size)
+        self._interval_vector = torch.zeros(self._size, dtype=torch.float64)
+        self.tokens = RateMeter(window_s)
+        self.samples = RateMeter(window_s)
+        self.drafter_batches = RateMeter(window_s)
+        self.steps = RateMeter(window_s)
+        self.drafter_flops = RateMeter(window_s)
+        self.target_flops = RateMeter(window_s)
+        self.target_batches = RateMeter(window_s)
+        self.target_wait = RateMeter(window_s)
+        self.drafter_wait = RateMeter(window_s)
+        self._last_target = {"flops": 0.0, "batches": 0.0, "wait": 0.0}
+        self._last_drafter_wait = 0.0
+        self.total_tokens = 0
+        self.total_samples = 0
+        self.lr = float("nan")
+        self.grad_norm = float("nan")
+        self.skipped = 0
+        self.last_status: LineStatus | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ inputs
+    def on_step(self, worker, step_vector: torch.Tensor) -> None:
+        """Called by the logging drafter after each optimizer step with the all-reduced vector."""
+        v = step_vector.detach().cpu()  # already synchronised by the step's finite check
+        tokens, samples, batches, flops = (float(x) for x in v[self._size : self._size + 4])
+        with self._lock:
+            self._interval_vector += v[: self._size]
+            self.tokens.add(tokens)
+            self.samples.add(samples)
+            self.drafter_batches.add(batches)
+            self.drafter_flops.add(flops)
+            self.steps.add(1)
+            self.total_tokens += int(tokens)
+            self.total_samples += int(samples)
+            self.step = worker.step
+            self.lr = worker.scheduler.get_last_lr()[0]
+            self.grad_norm = worker.counters.last_grad_norm
+            self.skipped = worker.counters.skipped_steps
+
+    # ------------------------------------------------------------------ output
+    def _peers(self) -> tuple[list[dict], list[dict]]:
+        targets, drafters = [], []
+        for rank, stats in sorted(self.health.peer_stats().items()):
+            if not stats:
+                continue
+            if stats.get("target"):
+                targets.append(stats["target"])
+            if stats.get("drafter"):
+                drafters.append(stats["drafter"])
+            if stats.get("gpu"):
+                stats["gpu"].setdefault("rank", rank)
+        return targets, drafters
+
+    def snapshot(self) -> LineStatus:
+        targets, drafters = self._peers()
+        # Target side: cumulative counters published by each target, turned into rates here.
+        total = {
+            "flops": sum(t.get("flops", 0.0) for t in targets),
+            "batches": sum(t.get("batches", 0) for t in targets),
+            "wait": sum(t.get("wait_drafters_s", 0.0) for t in targets),
+        }
+        self.target_flops.add(total["flops"] - self._last_target["flops"])
+        self.target_batches.add(total["batches"] - self._last_target["batches"])
+        self.target_wait.add(total["wait"] - self._last_target["wait"])
+        self._last_target = total
+        drafter_wait = sum(d.get("wait_s", 0.0) for d in drafters)
+        self.drafter_wait.add(drafter_wait - self._last_drafter_wait)
+        self._last_drafter_wait = drafter_wait
+        with self._lock:
+            vector = self._interval_vector.clone()
+            self._interval_vector.zero_()
+            step = self.step
+        summary = summarize(vector, self.block_size) if vector[3] > 0 else {}
+        flops_rate = self.drafter_flops.rate() + self.target_flops.rate()
+        steps_rate = self.steps.rate()
+        epoch = 0
+        try:
+            epoch, _ = self.schedule.locate(min(step * self.batches_per_step, self.schedule.total_batches - 1))
+        except IndexError:
+            pass
+        gpus = []
+        for rank, stats in sorted(self.health.peer_stats().items()):
+            gpu = (stats or {}).get("gpu")
+            if gpu:
+                gpus.append(GpuStats(**gpu))
+        num_targets = max(1, len(targets))
+        num_drafters = max(1, len(drafters))
+        status = LineStatus(
+            step=step,
+            total_steps=self.total_steps,
+            epoch=epoch,
+            num_epochs=self.schedule.num_epochs,
+            samples=self.total_samples,
+            tokens=self.total_tokens,
+            loss=summary.get("loss", float("nan")),
+            accuracy=summary.get("accuracy", float("nan")),
+            accuracy_by_position=summary.get("accuracy_by_position", []),
+            expected_acceptance=summary.get("expected_acceptance", float("nan")),
+            lr=self.lr,
+            grad_norm=self.grad_norm,
+            skipped_steps=self.skipped,
+            ktok_s=self.tokens.rate() / 1e3,
+            samples_s=self.samples.rate(),
+            tflops=flops_rate / 1e12,
+            mfu=mfu(flops_rate, 1.0, self.peak.flops, self.num_devices),
+            q_pre=[int(t.get("q_pre", 0)) for t in targets],
+            q_hs=int(sum(t.get("q_hs", 0) for t in targets)),
+            target_wait=self.target_wait.rate() / num_targets,
+            drafter_wait=self.drafter_wait.rate() / num_drafters,
+            target_batches_s=self.target_batches.rate(),
+            drafter_batches_s=self.drafter_batches.rate(),
+            eta_s=eta_seconds(step, self.total_steps, steps_rate),
+            gpus=gpus,
+            elapsed_s=time.time() - self.started,
+            q_pre_capacity=self.q_pre_capacity,
+            q_hs_capacity=self.q_hs_capacity,
+            peak=self.peak,
+        )
+        self.last_status = status
+        return status
+
+    def emit(self) -> LineStatus:
+        status = self.snapshot()
+        self.logger.log(status.to_record())
+        if self.dashboard is not None:
+            self.dashboard.update(status)
+        return status
+
+    def start(self) -> None:
+        def loop():
+            while not self._stop.wait(self.interval_s):
+                try:
+                    self.emit()
+                except Exception as exc:  # noqa: BLE001 - the monitor must never take the run down
+                    print(f"draftline: monitor error: {exc}")
+
+        self._thread = threading.Thread(target=loop, name="draftline-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self.emit()  # the last interval
+        finally:
+            if self.dashboard is not None:
+                self.dashboard.close()

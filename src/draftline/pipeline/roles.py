@@ -1,0 +1,92 @@
+"""Role assignment: which rank runs the target and which trains the drafter.
+
+A pure function of the world size and the requested split, tested without a process group.
+Ranks ``0 .. D-1`` train the drafter, ``D .. D+T-1`` run the target; one rank alone does both
+(colocated). Rank 0, always a drafter, is the logging rank: it owns the run directory, prints the
+monitor, writes metrics and checkpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draftline.errors import DraftlineError
+
+TARGET = "target"
+DRAFTER = "drafter"
+COLOCATED = "colocated"
+
+
+@dataclass(frozen=True)
+class Role:
+    rank: int
+    kind: str  # TARGET, DRAFTER or COLOCATED
+    index: int  # position among the ranks of its kind
+    num_targets: int
+    num_drafters: int
+
+    @property
+    def is_target(self) -> bool:
+        return self.kind in (TARGET, COLOCATED)
+
+    @property
+    def is_drafter(self) -> bool:
+        return self.kind in (DRAFTER, COLOCATED)
+
+    @property
+    def is_logging(self) -> bool:
+        return self.is_drafter and self.index == 0
+
+    def target_rank(self, target_index: int) -> int:
+        return self.num_drafters + target_index if self.kind != COLOCATED else 0
+
+    def drafter_rank(self, drafter_index: int) -> int:
+        return drafter_index if self.kind != COLOCATED else 0
+
+    @property
+    def drafter_ranks(self) -> list[int]:
+        return [self.drafter_rank(i) for i in range(self.num_drafters)]
+
+
+def split(world_size: int, targets: int | None, drafters: int | None, target_share: float | None = None) -> tuple[int, int]:
+    """(targets, drafters) for ``world_size`` ranks.
+
+    Either count may be given (the other is the rest). With neither, ``target_share`` (the
+    target's share of the work per sample, from the FLOP model) picks a balanced split.
+    """
+    if world_size == 1:
+        if (targets or 1) != 1 or (drafters or 1) != 1:
+            raise DraftlineError(
+                f"one process runs target and drafter together (colocated); --targets {targets} --drafters {drafters} "
+                "needs that many processes: launch with --gpus N or torchrun --nproc-per-node N"
+            )
+        return 1, 1
+    if targets is None and drafters is None:
+        share = 0.5 if target_share is None else target_share
+        targets = min(world_size - 1, max(1, round(world_size * share)))
+    if targets is None:
+        targets = world_size - drafters
+    if drafters is None:
+        drafters = world_size - targets
+    if targets < 1 or drafters < 1 or targets + drafters != world_size:
+        raise DraftlineError(
+            f"--targets {targets} + --drafters {drafters} must add up to the {world_size} launched processes, "
+            "each at least 1"
+        )
+    return targets, drafters
+
+
+def assign_roles(world_size: int, num_targets: int, num_drafters: int) -> list[Role]:
+    """One Role per rank."""
+    if world_size == 1:
+        return [Role(0, COLOCATED, 0, 1, 1)]
+    if num_targets + num_drafters != world_size:
+        raise DraftlineError(f"{num_targets} targets + {num_drafters} drafters != world size {world_size}")
+    roles = [Role(i, DRAFTER, i, num_targets, num_drafters) for i in range(num_drafters)]
+    roles += [Role(num_drafters + i, TARGET, i, num_targets, num_drafters) for i in range(num_targets)]
+    return roles
+
+
+def producer_of(seq: int, num_targets: int) -> int:
+    """Target index that computes batch ``seq``: targets take the sequence round robin."""
+    return seq % num_targets

@@ -1,0 +1,128 @@
+"""The target role: token batches in, fused features out, as fast as the drafters take them.
+
+A prefetch thread builds this target's batches (``seq = t, t + T, t + 2T, ...``) from the dataset
+into ``q_pre``, so the GPU never waits on the host; the main loop runs the frozen target on each and
+hands the features to the transport, which blocks when the hidden-state queue is full.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from draftline.data.batch import PackedBatch
+from draftline.monitor.flops import TargetShape, target_flops
+from draftline.pipeline.health import Health, RunAborted
+from draftline.pipeline.transport import FeatureSender
+
+
+@dataclass
+class TargetCounters:
+    batches: int = 0
+    tokens: int = 0
+    samples: int = 0
+    flops: float = 0.0
+    busy_s: float = 0.0
+    wait_data_s: float = 0.0
+    wait_drafters_s: float = 0.0
+
+
+class Prefetcher:
+    """Builds batches ahead in a thread; ``get`` returns them in order (None at the end)."""
+
+    def __init__(self, seqs: Iterable[int], load: Callable[[int], PackedBatch], capacity: int, health: Health):
+        self.queue: queue.Queue = queue.Queue(maxsize=capacity)
+        self.health = health
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._fill, args=(iter(seqs), load), name="draftline-q_pre", daemon=True)
+        self.thread.start()
+
+    def _fill(self, seqs, load) -> None:
+        try:
+            for seq in seqs:
+                batch = load(seq)
+                if torch.cuda.is_available():
+                    batch.input_ids = batch.input_ids.pin_memory()
+                while True:
+                    if self.health.aborted:
+                        return
+                    try:
+                        self.queue.put(batch, timeout=0.05)
+                        break
+                    except queue.Full:
+                        continue
+            self.queue.put(None)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread by get()
+            self.error = exc
+            self.queue.put(None)
+
+    def get(self) -> tuple[PackedBatch | None, float]:
+        start = time.perf_counter()
+        while True:
+            self.health.check()
+            try:
+                item = self.queue.get(timeout=0.05)
+                break
+            except queue.Empty:
+                continue
+        if self.error is not None:
+            raise self.error
+        return item, time.perf_counter() - start
+
+    def depth(self) -> int:
+        return self.queue.qsize()
+
+
+class TargetWorker:
+    def __init__(self, *, features, prefetcher: Prefetcher, sender: FeatureSender, health: Health,
+                 shape: TargetShape, layers_run: int, on_batch=None):
+        self.features = features
+        self.prefetcher = prefetcher
+        self.sender = sender
+        self.health = health
+        self.shape = shape
+        self.layers_run = layers_run
+        self.on_batch = on_batch
+        self.counters = TargetCounters()
+
+    def run(self) -> None:
+        while True:
+            batch, waited = self.prefetcher.get()
+            self.counters.wait_data_s += waited
+            if batch is None:
+                break
+            start = time.perf_counter()
+            feats = self.features(batch)
+            self.counters.busy_s += time.perf_counter() - start
+            self.counters.wait_drafters_s += self.sender.put(batch.index, feats, batch)
+            self.counters.batches += 1
+            self.counters.tokens += batch.num_tokens
+            self.counters.samples += batch.num_docs
+            self.counters.flops += target_flops(self.shape, batch.doc_lengths, self.layers_run)
+            if self.on_batch is not None:
+                self.on_batch(self)
+        self.sender.finish()
+
+
+def run_target_thread(worker: TargetWorker, health: Health) -> threading.Thread:
+    """Run a target worker in a thread (colocated mode); a failure aborts the run with its cause."""
+    from draftline.pipeline.health import describe_exception
+
+    def body():
+        try:
+            worker.run()
+        except RunAborted:
+            pass
+        except BaseException as exc:  # noqa: BLE001
+            health.abort(f"target (colocated) failed: {describe_exception(exc)}")
+            worker.error = exc
+
+    worker.error = None
+    thread = threading.Thread(target=body, name="draftline-target", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,249 @@
+"""Moving features from targets to drafters: an interface and its two implementations.
+
+- ``InProcessChannel``: one target thread and one drafter in the same process (colocated, one GPU
+  or CPU). A bounded ``queue.Queue`` is the hidden-state queue.
+- ``StoreClaims`` + ``DistributedSender`` / ``DistributedReceiver``: targets and drafters are ranks
+  of one ``torch.distributed`` job. A drafter with room CLAIMS the next batch number from a counter
+  in the job's store (so faster drafters take more batches), then posts a receive from the target
+  that computes that number; the target, once the batch is computed, learns the claimant from the
+  store and sends the features GPU to GPU (NCCL; gloo on CPU). The hidden-state queue is the
+  targets' outboxes: computed batches waiting for a claim, bounded, so targets feel back-pressure.
+
+Only the features travel: the drafter rebuilds batch ``seq`` (tokens, loss mask, documents) from
+its own copy of the dataset and the deterministic batch schedule.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+import torch.distributed as dist
+
+from draftline.data.batch import PackedBatch
+from draftline.pipeline.health import Health, RunAborted, wait_for, wait_work
+
+
+@dataclass
+class Delivery:
+    """A batch of features handed to a drafter."""
+
+    seq: int
+    features: torch.Tensor  # [T, K * H] on the drafter's device
+    batch: PackedBatch
+
+
+class FeatureSender(Protocol):
+    def put(self, seq: int, features: torch.Tensor, batch: PackedBatch) -> float:
+        """Queue features for a drafter; blocks while the queue is full. Returns seconds blocked."""
+
+    def finish(self) -> None:
+        """No more batches from this target; returns once everything queued was taken."""
+
+    def depth(self) -> int: ...
+
+
+class FeatureReceiver(Protocol):
+    def get(self) -> tuple[Delivery | None, float]:
+        """The next batch for this drafter (None when the run has no more) and seconds waited."""
+
+    def depth(self) -> int: ...
+
+
+# --------------------------------------------------------------------------- in-process
+_END = object()
+
+
+class InProcessChannel:
+    """Bounded hidden-state queue between a target thread and a drafter in one process."""
+
+    def __init__(self, capacity: int, health: Health):
+        self.queue: queue.Queue = queue.Queue(maxsize=capacity)
+        self.health = health
+
+    def put(self, seq: int, features: torch.Tensor, batch: PackedBatch) -> float:
+        start = time.perf_counter()
+        item = Delivery(seq, features, batch)
+        while True:
+            self.health.check()
+            try:
+                self.queue.put(item, timeout=0.05)
+                return time.perf_counter() - start
+            except queue.Full:
+                continue
+
+    def finish(self) -> None:
+        while True:
+            self.health.check()
+            try:
+                self.queue.put(_END, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+
+    def get(self) -> tuple[Delivery | None, float]:
+        start = time.perf_counter()
+        while True:
+            self.health.check()
+            try:
+                item = self.queue.get(timeout=0.05)
+                break
+            except queue.Empty:
+                continue
+        return (None if item is _END else item), time.perf_counter() - start
+
+    def depth(self) -> int:
+        return self.queue.qsize()
+
+
+# --------------------------------------------------------------------------- distributed
+class StoreClaims:
+    """Batch numbers handed out in order from a counter in the job's store."""
+
+    def __init__(self, store, start_seq: int, end_seq: int):
+        self.store = store
+        self.start_seq = start_seq
+        self.end_seq = end_seq
+
+    def claim(self, drafter_rank: int) -> int | None:
+        seq = self.start_seq + self.store.add("claims", 1) - 1
+        if seq >= self.end_seq:
+            return None
+        self.store.set(f"claim/{seq}", str(drafter_rank))
+        return seq
+
+    def claimant(self, seq: int) -> int | None:
+        key = f"claim/{seq}"
+        if not self.store.check([key]):
+            return None
+        rank = int(self.store.get(key))
+        self.store.delete_key(key)
+        return rank
+
+
+class DistributedSender:
+    """A target's outbox: computed features wait here until a drafter claims them.
+
+    A background thread sends in batch order; ``put`` blocks while ``capacity`` batches wait.
+    """
+
+    def __init__(self, claims: StoreClaims, capacity: int, health: Health):
+        self.claims = claims
+        self.health = health
+        self.outbox: queue.Queue = queue.Queue(maxsize=capacity)
+        self.error: BaseException | None = None
+        self.bytes_sent = 0
+        self.send_seconds = 0.0
+        self.thread = threading.Thread(target=self._send_loop, name="draftline-sender", daemon=True)
+        self.thread.start()
+
+    def put(self, seq: int, features: torch.Tensor, batch: PackedBatch) -> float:
+        start = time.perf_counter()
+        while True:
+            self._raise_if_failed()
+            self.health.check()
+            try:
+                self.outbox.put((seq, features), timeout=0.05)
+                return time.perf_counter() - start
+            except queue.Full:
+                continue
+
+    def finish(self) -> None:
+        self.outbox.put(None)
+        while self.thread.is_alive():
+            self._raise_if_failed()
+            self.health.check()
+            self.thread.join(timeout=0.05)
+        self._raise_if_failed()
+
+    def depth(self) -> int:
+        return self.outbox.qsize()
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _send_loop(self) -> None:
+        try:
+            while True:
+                item = self.outbox.get()
+                if item is None:
+                    return
+                seq, features = item
+                holder: list[int | None] = [None]
+
+                def claimed() -> bool:
+                    holder[0] = self.claims.claimant(seq)
+                    return holder[0] is not None
+
+                wait_for(claimed, self.health, max_sleep_s=0.005)
+                start = time.perf_counter()
+                work = dist.isend(features, dst=holder[0])
+                wait_work(work, self.health)
+                self.send_seconds += time.perf_counter() - start
+                self.bytes_sent += features.numel() * features.element_size()
+        except RunAborted:
+            return
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread by put/finish
+            self.error = exc
+
+
+class DistributedReceiver:
+    """A drafter's side: claim batch numbers, post receives, hand over completed batches in order."""
+
+    def __init__(
+        self,
+        claims: StoreClaims,
+        *,
+        rank: int,
+        target_rank: Callable[[int], int],
+        prefetch: int,
+        batch_for: Callable[[int], PackedBatch],
+        feature_width: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        health: Health,
+    ):
+        self.claims = claims
+        self.rank = rank
+        self.target_rank = target_rank  # batch number -> rank of the target that computes it
+        self.prefetch = max(1, prefetch)
+        self.batch_for = batch_for
+        self.feature_width = feature_width
+        self.device = device
+        self.dtype = dtype
+        self.health = health
+        self.pending: list[tuple[int, PackedBatch, torch.Tensor, object]] = []
+        self.exhausted = False
+
+    def _top_up(self) -> None:
+        while not self.exhausted and len(self.pending) < self.prefetch:
+            seq = self.claims.claim(self.rank)
+            if seq is None:
+                self.exhausted = True
+                return
+            batch = self.batch_for(seq)
+            buffer = torch.empty(batch.num_tokens, self.feature_width, device=self.device, dtype=self.dtype)
+            work = dist.irecv(buffer, src=self.target_rank(seq))
+            self.pending.append((seq, batch, buffer, work))
+
+    def get(self) -> tuple[Delivery | None, float]:
+        self._top_up()
+        if not self.pending:
+            return None, 0.0
+        seq, batch, buffer, work = self.pending.pop(0)
+        waited = wait_work(work, self.health)
+        self._top_up()  # claim the next one before computing on this one
+        return Delivery(seq, buffer, batch), waited
+
+    @property
+    def claimed(self) -> list[int]:
+        """Batch numbers claimed and not yet handed over (in flight)."""
+        return [seq for seq, *_ in self.pending]
+
+    def depth(self) -> int:
+        return len(self.pending)
