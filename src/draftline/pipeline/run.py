@@ -29,6 +29,7 @@ import torch.distributed as dist
 from draftline.checkpoint.export import save_drafter
 from draftline.checkpoint.state import TrainerState, load_checkpoint, save_checkpoint
 from draftline.config import TrainConfig, validate
+from draftline.errors import DraftlineError
 from draftline.model.target import TargetFeatures, load_embedding_and_head
 from draftline.monitor.dashboard import Dashboard
 from draftline.monitor.flops import DrafterShape, TargetShape, reference_drafter_flops, reference_target_flops, resolve_peak
@@ -355,15 +356,34 @@ class Line:
     # ------------------------------------------------------------------ failure
     def fail(self, exc: BaseException) -> int:
         """Name the failure, save what can be saved, return the exit code."""
+        if isinstance(exc, DraftlineError):
+            # Something the user can fix (config, data, memory): say it plainly; peers name this rank.
+            self.health.report_failure(str(exc))
+            where = f" ({self.health.info.describe()})" if self.env.world_size > 1 else ""
+            print(f"draftline train: error{where}: {exc}", file=sys.stderr, flush=True)
+            if self.role.is_logging and self.worker is not None:
+                self.logger.log({"kind": "end", "time": time.time(), "elapsed_s": 0.0, "step": self.worker.step,
+                                 "status": "failed", "reason": str(exc)})
+            return 2
         if isinstance(exc, RunAborted):
             message = str(exc)
         else:
-            self.health.report_failure(describe_exception(exc))
-            message = self.health.aborted
+            cause = describe_exception(exc)
+            # A communication error here is usually the echo of another rank's death: name that rank.
+            culprit = self._find_culprit() if self.store is not None else None
+            if culprit:
+                message = f"{culprit} (seen by {self.health.info.describe()} as: {cause[:200]})"
+                self.health.abort(message)
+            else:
+                self.health.report_failure(cause)
+                message = self.health.aborted
         clean_stop = isinstance(exc, RunAborted) and self.store is not None and self.store.check(["run_over"])
         if clean_stop:
             return 0
-        print(f"\ndraftline: run failed: {message}", file=sys.stderr, flush=True)
+        if self.role.is_logging or self.env.world_size == 1:
+            print(f"\ndraftline: run failed: {message}", file=sys.stderr, flush=True)
+        else:
+            print(f"draftline: {self.health.info.describe()}: stopping: {message}", file=sys.stderr, flush=True)
         # The logging drafter saves; if it is the rank that died, the next drafter does.
         saver = self.role.is_logging or (self.role.is_drafter and self.role.index == 1 and self.health.failed_rank == 0)
         if saver and self.worker is not None and not self.worker.in_optimizer_step:
@@ -383,6 +403,20 @@ class Line:
             except OSError:
                 pass
         return 1
+
+
+    def _find_culprit(self, wait_s: float = 3.0) -> str | None:
+        """Another rank's death or failure report, if one shows within ``wait_s``."""
+        end = time.time() + wait_s
+        while time.time() < end:
+            try:
+                found = self.health.scan()
+            except Exception:  # noqa: BLE001 - the store itself is gone
+                return None
+            if found and found != "the drafters ended the run":
+                return found
+            time.sleep(0.2)
+        return None
 
 
 def run_training(config: TrainConfig) -> int:

@@ -1,0 +1,77 @@
+"""A rank that dies, fails or hangs stops the whole run with a message that names it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from draftline.checkpoint.state import latest_checkpoint
+from line_helpers import base_args, read_jsonl, run, start, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def _rank_pid(out, rank):
+    path = out / "ranks" / f"rank-{rank}.json"
+    wait_until(path.is_file, 60, f"rank {rank} to start")
+    return json.loads(path.read_text())["pid"]
+
+
+def _long_run(target, data, out, **extra):
+    return base_args(target, data, out, epochs=40, max_steps=400, trace=True, save_every=2, **extra)
+
+
+@pytest.mark.parametrize("victim,targets,role", [(2, 2, "target"), (1, 1, "drafter"), (0, 1, "drafter")],
+                         ids=["kill-target", "kill-drafter", "kill-logging-drafter"])
+def test_killed_rank_is_named_and_the_run_resumes(qwen3_target, line_data, tmp_path, victim, targets, role):
+    out = tmp_path / "run"
+    args = _long_run(qwen3_target, line_data, out)
+    proc = start([*args, "--gpus", "3", "--targets", str(targets), "--grad-accum", "2"])
+    wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 3, 120, "3 steps", proc)
+    pid = _rank_pid(out, victim)
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode != 0
+    assert time.time() - killed_at < 45
+    assert f"{role} rank {victim}" in err and f"pid {pid}" in err and "host " in err, err[-3000:]
+    assert "died" in err or "stopped responding" in err, err[-3000:]
+    failure = json.loads((out / "failure.json").read_text())
+    assert f"rank {victim}" in failure["message"]
+    checkpoint = latest_checkpoint(out)
+    assert checkpoint is not None
+    # The run continues from its checkpoint (a few more steps, then stop it cleanly).
+    resumed = run([*args[:-2], "--save-every", "1000", "--max-steps", str(int(checkpoint.name[-8:]) + 2),
+                   "--gpus", "3", "--targets", str(targets), "--grad-accum", "2", "--resume"], timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert read_jsonl(out / "starts.jsonl")[-1]["mode"] == "resume"
+
+
+def test_hung_rank_is_detected(qwen3_target, line_data, tmp_path):
+    out = tmp_path / "run"
+    proc = start([*_long_run(qwen3_target, line_data, out, failure_timeout=4), "--gpus", "2"])
+    wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 2, 120, "2 steps", proc)
+    pid = _rank_pid(out, 1)
+    os.kill(pid, signal.SIGSTOP)  # frozen: alive but silent
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode != 0
+    assert "target rank 1" in err and ("stopped responding" in err or "is hung" in err), err[-3000:]
+
+
+def test_exception_in_a_rank_is_named_with_its_cause(qwen3_target, line_data, tmp_path):
+    """A rank failing with an error (here: a drafter too wide for the target) names rank and cause."""
+    out = tmp_path / "run"
+    result = run([*base_args(qwen3_target, line_data, out, max_steps=3), "--gpus", "2",
+                  "--mask-token-id", "100000"], timeout=120)
+    assert result.returncode != 0
+    assert "mask_token_id=100000 is outside" in result.stderr, result.stderr[-3000:]

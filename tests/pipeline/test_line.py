@@ -1,0 +1,81 @@
+"""The training line end to end on CPU: one process, and separate gloo ranks under torchrun."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import pytest
+
+from draftline.cli import main
+from draftline.checkpoint.export import load_drafter
+from draftline.data.dataset import TokenDataset
+from line_helpers import base_args, read_jsonl, run, step_losses
+
+pytestmark = pytest.mark.slow
+
+
+def _samples_by_epoch(run_dir):
+    seen = Counter()
+    for path in (run_dir / "trace").glob("drafter-*.jsonl"):
+        for record in read_jsonl(path):
+            for sid in record["sample_ids"]:
+                seen[(record["epoch"], sid)] += 1
+    return seen
+
+
+@pytest.fixture(scope="module")
+def colocated(qwen3_target, line_data, tmp_path_factory):
+    """The reference: one process, target and drafter together."""
+    out = tmp_path_factory.mktemp("colocated") / "run"
+    args = base_args(qwen3_target, line_data, out, epochs=2, grad_accum=2, trace=True)
+    assert main(["train", *args]) == 0
+    return out
+
+
+def test_colocated_run_writes_everything(colocated, line_data):
+    losses = step_losses(colocated)
+    assert len(losses) >= 5 and all(math.isfinite(v) for v in losses.values())
+    final = load_drafter(colocated / "final")
+    assert final.config.num_hidden_layers == 1 and final.config.block_size == 4
+    checkpoints = sorted((colocated / "checkpoints").glob("step-*"))
+    assert 1 <= len(checkpoints) <= 3  # keep = 3
+    records = read_jsonl(colocated / "metrics.jsonl")
+    kinds = Counter(r["kind"] for r in records)
+    assert kinds["start"] == 1 and kinds["end"] == 1 and kinds["train"] >= 1
+    train = [r for r in records if r["kind"] == "train"][-1]
+    for field in ("ktok_s", "mfu", "q_pre", "q_hs", "loss", "accuracy_by_position", "expected_acceptance", "eta_s"):
+        assert field in train
+    assert records[-1]["status"] == "finished"
+    starts = read_jsonl(colocated / "starts.jsonl")
+    assert [s["mode"] for s in starts] == ["fresh"]
+    # Every sample trained exactly once per epoch.
+    n = len(TokenDataset(line_data))
+    seen = _samples_by_epoch(colocated)
+    assert set(seen.values()) == {1}
+    assert sorted(seen) == [(e, i) for e in range(2) for i in range(n)]
+
+
+def test_learning_happens(qwen3_target, line_data, tmp_path):
+    out = tmp_path / "run"
+    args = base_args(qwen3_target, line_data, out, epochs=6, lr="1e-2", trace=True, draft_layers=2)
+    assert main(["train", *args]) == 0
+    losses = list(step_losses(out).values())
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5, losses
+
+
+@pytest.mark.parametrize("targets", [2, 1], ids=["2targets+1drafter", "1target+2drafters"])
+def test_separate_ranks_match_the_single_process(colocated, qwen3_target, line_data, tmp_path, targets):
+    out = tmp_path / "run"
+    args = base_args(qwen3_target, line_data, out, epochs=2, grad_accum=2, trace=True)
+    result = run([*args, "--gpus", "3", "--targets", str(targets)])
+    assert result.returncode == 0, result.stderr[-4000:]
+    reference, losses = step_losses(colocated), step_losses(out)
+    assert losses.keys() == reference.keys()
+    for step in reference:
+        assert losses[step] == pytest.approx(reference[step], rel=1e-4), step
+    assert set(_samples_by_epoch(out).values()) == {1}
+    assert _samples_by_epoch(out).keys() == _samples_by_epoch(colocated).keys()
+    if targets == 1:  # both drafters trained batches: work was shared
+        assert len(list((out / "trace").glob("drafter-*.jsonl"))) == 2

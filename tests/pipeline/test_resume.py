@@ -1,0 +1,72 @@
+"""Resume is exact; the run directory says what it holds; starting over needs a flag."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+
+from draftline.cli import main
+from draftline.checkpoint.state import latest_checkpoint
+from line_helpers import base_args, read_jsonl, start, step_losses, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(qwen3_target, line_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    assert main(["train", *base_args(qwen3_target, line_data, out, epochs=3, trace=True)]) == 0
+    return out
+
+
+def test_stop_then_resume_equals_the_uninterrupted_run(uninterrupted, qwen3_target, line_data, tmp_path):
+    out = tmp_path / "run"
+    args = base_args(qwen3_target, line_data, out, epochs=3, trace=True, save_every=1000)
+    proc = start(args)
+    wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 4, 120, "4 steps", proc)
+    proc.send_signal(signal.SIGINT)  # a clean stop: checkpoint at the next step boundary
+    out_text, err_text = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err_text[-3000:]
+    assert "stopped at step" in out_text
+    stopped_at = int(latest_checkpoint(out).name.split("-")[-1])
+    reference = step_losses(uninterrupted)
+    assert 4 <= stopped_at < len(reference)
+
+    assert main(["train", *args, "--resume"]) == 0
+    resumed = step_losses(out)
+    assert resumed.keys() == reference.keys()
+    for step, loss in reference.items():
+        assert resumed[step] == pytest.approx(loss, rel=1e-6, abs=1e-9), step
+    # No sample trained twice or skipped: each (epoch, sample) exactly once over both starts,
+    # counting only batches of steps that reached a checkpoint before the stop.
+    seen = {}
+    for record in read_jsonl(out / "trace" / "drafter-0.jsonl"):
+        key_set = [(record["epoch"], s) for s in record["sample_ids"]]
+        for key in key_set:
+            seen.setdefault(key, []).append(record["step"])
+    duplicates = {k: v for k, v in seen.items() if len(v) > 1}
+    # Batches of the step in flight at the stop were re-trained after the resume; nothing else.
+    assert all(steps == [steps[0]] * len(steps) and steps[0] >= stopped_at for steps in duplicates.values())
+    starts = read_jsonl(out / "starts.jsonl")
+    assert [s["mode"] for s in starts] == ["fresh", "resume"] and starts[1]["step"] == stopped_at
+    # Optimizer state survived in fp32.
+    state = torch.load(latest_checkpoint(out) / "trainer.pt", weights_only=False)
+    moments = [v for s in state["optimizer"]["state"].values() for k, v in s.items() if k == "exp_avg_sq"]
+    assert moments and all(m.dtype == torch.float32 for m in moments)
+
+
+def test_run_directory_guards(qwen3_target, line_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = base_args(qwen3_target, line_data, out, max_steps=2)
+    assert main(["train", *args, "--resume"]) == 2
+    assert "no checkpoint to resume from" in capsys.readouterr().err
+    assert main(["train", *args]) == 0
+    assert main(["train", *args]) == 2
+    assert "pass --resume to continue it or --from-scratch" in capsys.readouterr().err
+    assert main(["train", *args, "--from-scratch"]) == 0
+    moved = list(out.glob("previous-*"))
+    assert len(moved) == 1 and (moved[0] / "checkpoints").is_dir()
+    assert [s["mode"] for s in read_jsonl(out / "starts.jsonl")] == ["fresh", "fresh"]
+    assert main(["train", *args, "--resume", "--from-scratch"]) == 2
