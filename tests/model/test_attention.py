@@ -107,3 +107,69 @@ def test_blocks_do_not_see_later_context_other_blocks_or_documents(qwen3_target,
     e3[3] += torch.randn_like(e3[3])
     changed = not torch.allclose(run(feats, e3)[0], base[0])
     assert changed == ("full_attention" in layer_types)
+
+
+@pytest.mark.parametrize("block", [4, 16, 10])
+@pytest.mark.parametrize("sliding", [False, True])
+def test_structured_tiles_cover_every_visible_entry(block, sliding):
+    """The tiles built from the structure: every visible entry is in a computed tile, full tiles are all visible."""
+    from draftline.model.attention import TILE, block_tiles
+
+    g = torch.Generator().manual_seed(block)
+    lengths = [300, 41, 700, 129]
+    anchors = [sorted(torch.randperm(n - 1, generator=g)[: min(n - 1, 23)].tolist()) for n in lengths]
+    layout = layout_for(lengths, anchors, block)
+    mask = dense_mask(layout, sliding=sliding, window=50 if sliding else None)
+    partial, full = block_tiles(layout, sliding=sliding)
+    q, kv = mask.shape
+    padded = torch.zeros(partial.shape[0] * TILE, partial.shape[1] * TILE, dtype=torch.bool)
+    padded[:q, :kv] = mask
+    per_tile = padded.view(partial.shape[0], TILE, partial.shape[1], TILE)
+    any_visible = per_tile.any(dim=(1, 3))
+    assert not (any_visible & ~(partial | full)).any()  # nothing visible is skipped
+    assert not (partial & full).any()
+    rows_valid = torch.zeros(partial.shape[0] * TILE, dtype=torch.bool)
+    rows_valid[:q] = True
+    valid = rows_valid.view(-1, TILE)
+    for qt, kt in full.nonzero().tolist():
+        tile = per_tile[qt, :, kt, :][valid[qt]]
+        assert tile.all()  # a full tile needs no mask
+    if sliding:
+        assert not full.any()  # the window is checked everywhere
+    elif block == 16:
+        assert full.any()  # 8 anchors of one document share a tile: whole context tiles need no mask
+    if not sliding:  # and no tile is computed for nothing
+        assert torch.equal(partial | full, any_visible)
+
+
+def test_structured_flex_mask_equals_dense_attention():
+    torch.manual_seed(1)
+    lengths = [200, 150]
+    anchors = [list(range(3, 190, 7)), list(range(0, 140, 5))]
+    layout = layout_for(lengths, anchors, 16)
+    q = torch.randn(1, 2, layout.num_queries, 8)
+    k = torch.randn(1, 1, layout.num_context + layout.num_queries, 8)
+    v = torch.randn_like(k)
+    types = ["full_attention", "sliding_attention"]
+    flex, dense = FlexAttention(layout, types, 40, 0.3), DenseAttention(layout, types, 40, 0.3)
+    for layer in range(2):
+        torch.testing.assert_close(flex(q, k, v, layer), dense(q, k, v, layer), rtol=1e-5, atol=1e-5)
+
+
+def test_document_causal_block_mask_matches_per_document_causal():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from draftline.model.attention import document_causal_block_mask
+
+    torch.manual_seed(2)
+    lengths = torch.tensor([130, 5, 260, 1, 90])
+    total = int(lengths.sum())
+    mask = document_causal_block_mask(lengths, torch.device("cpu"))
+    q, k, v = (torch.randn(1, 2, total, 8) for _ in range(3))
+    out = flex_attention(q, k, v, block_mask=mask)
+    start = 0
+    for n in lengths.tolist():
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, start : start + n], k[:, :, start : start + n], v[:, :, start : start + n], is_causal=True)
+        torch.testing.assert_close(out[:, :, start : start + n], ref, rtol=1e-5, atol=1e-5)
+        start += n

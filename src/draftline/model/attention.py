@@ -93,11 +93,106 @@ class DenseAttention:
         )
 
 
+TILE = 128  # flex_attention's tile size
+
+
+def _tiles_to_indices(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Boolean [q_tiles, kv_tiles] -> (num_blocks [1,1,Qt], indices [1,1,Qt,KVt]) for BlockMask."""
+    num = tiles.sum(-1).to(torch.int32)
+    order = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return num[None, None].contiguous(), order[None, None].contiguous()
+
+
+def block_tiles(layout: BlockLayout, *, sliding: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which 128x128 tiles of the [Q, T + Q] score matrix hold visible entries (partial, full).
+
+    Built from the structure (anchors sorted by document and position), not by evaluating the
+    mask: a query tile sees the context of its anchors' documents up to the latest anchor, and
+    its own block rows. A tile is "full" when every query in it sees every key in it (no mask
+    evaluation needed); sliding layers have no full tiles.
+    """
+    layout = BlockLayout(*(t.cpu() for t in (layout.context_doc, layout.context_pos, layout.anchor_doc,
+                                             layout.anchor_pos)), layout.block_size)
+    block = layout.block_size
+    num_ctx = layout.num_context
+    num_q = layout.num_queries
+    q_tiles = -(-num_q // TILE)
+    kv_tiles = -(-(num_ctx + num_q) // TILE)
+    doc_start = torch.zeros(int(layout.context_doc.max()) + 2 if num_ctx else 1, dtype=torch.long)
+    if num_ctx:
+        # first token index of each document (documents are contiguous in the context rows)
+        first = torch.ones(num_ctx, dtype=torch.bool)
+        first[1:] = layout.context_doc[1:] != layout.context_doc[:-1]
+        doc_start[layout.context_doc[first]] = torch.nonzero(first).flatten()
+    anchors = layout.anchor_doc.shape[0]
+    ctx_lo = doc_start[layout.anchor_doc]  # [N] first visible context row
+    ctx_hi = ctx_lo + layout.anchor_pos  # [N] one past the last visible context row
+    # Every query tile an anchor's rows fall in (two when block does not divide the tile).
+    a = torch.arange(anchors)
+    q_first = (a * block) // TILE
+    q_last = (a * block + block - 1) // TILE
+    diff = torch.zeros(q_tiles, kv_tiles + 1, dtype=torch.int32)
+    has_ctx = ctx_hi > ctx_lo
+    for q_tile in (q_first, q_last):
+        rows = q_tile[has_ctx]
+        diff.index_put_((rows, ctx_lo[has_ctx] // TILE), torch.ones(rows.shape[0], dtype=torch.int32), accumulate=True)
+        diff.index_put_((rows, (ctx_hi[has_ctx] - 1) // TILE + 1), -torch.ones(rows.shape[0], dtype=torch.int32),
+                        accumulate=True)
+        blk_lo = (num_ctx + a * block) // TILE
+        blk_hi = (num_ctx + a * block + block - 1) // TILE
+        diff.index_put_((q_tile, blk_lo), torch.ones(anchors, dtype=torch.int32), accumulate=True)
+        diff.index_put_((q_tile, blk_hi + 1), -torch.ones(anchors, dtype=torch.int32), accumulate=True)
+    touched = diff.cumsum(-1)[:, :kv_tiles] > 0
+    full = torch.zeros_like(touched)
+    if not sliding and anchors:
+        q_range = torch.arange(q_tiles)
+        a_lo = (q_range * TILE) // block
+        a_hi = torch.clamp(((q_range + 1) * TILE - 1) // block, max=anchors - 1)
+        for t in range(q_tiles):
+            lo, hi = int(a_lo[t]), int(a_hi[t])
+            if lo > hi or (layout.anchor_doc[lo : hi + 1] != layout.anchor_doc[lo]).any():
+                continue
+            start = -(-int(ctx_lo[lo : hi + 1].max()) // TILE)
+            stop = int(ctx_hi[lo : hi + 1].min()) // TILE
+            if stop > start:
+                full[t, start:stop] = True
+    return touched & ~full, full
+
+
+def document_causal_block_mask(doc_lengths: torch.Tensor, device: torch.device):
+    """A flex ``BlockMask`` for causal attention within each packed document (the target's pass)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    lengths = doc_lengths.cpu().long()
+    total = int(lengths.sum())
+    doc = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)
+    start_of_token = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
+    tiles = -(-total // TILE)
+    rows = torch.arange(tiles)
+    first_row = rows * TILE
+    last_row = torch.clamp(first_row + TILE - 1, max=total - 1)
+    lo = start_of_token[first_row] // TILE  # earliest key tile any row of the tile sees
+    full_lo = -(-start_of_token[last_row] // TILE)  # from here every row sees whole tiles ...
+    kv = torch.arange(tiles)[None, :]
+    touched = (kv >= lo[:, None]) & (kv <= rows[:, None])
+    full = (kv >= full_lo[:, None]) & (kv < rows[:, None])  # ... strictly below the diagonal tile
+    partial = touched & ~full
+    doc_dev = doc.to(device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc_dev[q_idx] == doc_dev[kv_idx]) & (kv_idx <= q_idx)
+
+    num, idx = _tiles_to_indices(partial)
+    full_num, full_idx = _tiles_to_indices(full)
+    return BlockMask.from_kv_blocks(num.to(device), idx.to(device), full_num.to(device), full_idx.to(device),
+                                    BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(total, total))
+
+
 class FlexAttention:
     """Block-sparse attention through ``flex_attention``: only visible 128x128 tiles are computed."""
 
     def __init__(self, layout: BlockLayout, layer_types: list[str], sliding_window: int | None, scale: float):
-        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import BlockMask
 
         self.scale = scale
         self.layer_types = layer_types
@@ -126,8 +221,13 @@ class FlexAttention:
                         blk_ok = blk_ok & (j - i < sliding_window)
                 return ctx_ok | blk_ok
 
-            return create_block_mask(
-                mask_mod, None, None, layout.num_queries, total_kv, device=ctx_doc.device, _compile=self.compiled
+            partial, full = block_tiles(layout, sliding=sliding)
+            device = ctx_doc.device
+            num, idx = _tiles_to_indices(partial)
+            full_num, full_idx = _tiles_to_indices(full)
+            return BlockMask.from_kv_blocks(
+                num.to(device), idx.to(device), full_num.to(device), full_idx.to(device),
+                BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(layout.num_queries, total_kv),
             )
 
         self.block_masks = {kind: make(kind == "sliding_attention") for kind in set(layer_types)}

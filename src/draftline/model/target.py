@@ -91,10 +91,26 @@ class TargetFeatures:
             model = AutoModelForCausalLM.from_pretrained(
                 target_dir, config=config, dtype=dtype, attn_implementation=attn
             )
-        model.requires_grad_(False).eval().to(device)
+        self._wrap(model.to(device), attn)
+
+    @classmethod
+    def from_model(cls, model, layer_ids: list[int], *, keep_all_layers: bool = False) -> "TargetFeatures":
+        """Wrap an in-memory causal LM (benchmarks, tests); drops the unused layers unless told not to."""
+        self = cls.__new__(cls)
+        self.layer_ids = list(layer_ids)
+        if not keep_all_layers:
+            decoder = model.get_decoder()
+            decoder.layers = decoder.layers[: max(self.layer_ids) + 1]
+            _truncated_config(model.config, max(self.layer_ids) + 1)
+        self._wrap(model, model.config._attn_implementation)
+        return self
+
+    def _wrap(self, model, attn: str) -> None:
+        model.requires_grad_(False).eval()
         self.model = model
+        self.attn = attn
         self.decoder = model.get_decoder()
-        self.device = device
+        self.device = next(model.parameters()).device
         self._captured: dict[int, torch.Tensor] = {}
         self._deepest = max(self.layer_ids)
         self._stop_early = False
@@ -117,11 +133,17 @@ class TargetFeatures:
     def __call__(self, batch: PackedBatch) -> torch.Tensor:
         input_ids = batch.input_ids.to(self.device, non_blocking=True)[None]
         positions = batch.positions().to(self.device, non_blocking=True)[None]
+        mask = None
+        if self.attn == "flex_attention":
+            # Our own block-sparse document-causal mask, built from the document lengths.
+            from draftline.model.attention import document_causal_block_mask
+
+            mask = document_causal_block_mask(batch.doc_lengths, self.device)
         self._captured.clear()
         # With all layers kept (the same model also serves evaluation), stop after the deepest one.
         self._stop_early = True
         try:
-            self.decoder(input_ids=input_ids, position_ids=positions, use_cache=False)
+            self.decoder(input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=False)
         except _StopForward:
             pass
         finally:

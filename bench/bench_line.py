@@ -1,0 +1,303 @@
+"""Benchmark the roles of the training line and print one table (docs/PERF.md conventions).
+
+    python bench/bench_line.py --shape 8b                 # on a GPU: the Qwen3-8B-shaped workloads
+    python bench/bench_line.py --shape tiny --device cpu  # a quick check that the script runs
+
+Workloads (random bf16 weights built from a config; weights do not matter for speed):
+- target:  the frozen target's feature pass over packed batches of log-normal lengths (mean ~2.8K,
+  capped at 8K) filling the token budget;
+- drafter-3072: one 3,072-token sample with 512 anchors, block 16: forward, backward, AdamW step
+  (the SpecForge comparison point in docs/PERF.md: 192 ms/sample, 47% MFU on the same H200);
+- drafter-packed: a packed batch at the token budget, 512 anchors per document, in passes of
+  --max-query-rows rows, with the optimizer step;
+- line: (with --line) `draftline train` colocated on one device for --line-steps steps, numbers
+  from its metrics.jsonl.
+FLOPs come from draftline.monitor.flops; MFU against the device's peak (known table or measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from draftline.config import OptimConfig
+from draftline.data.batch import PackedBatch
+from draftline.model.config import build_drafter_config
+from draftline.model.drafter import DFlashDrafter
+from draftline.model.target import TargetFeatures
+from draftline.monitor.flops import DrafterShape, TargetShape, resolve_peak, target_flops
+from draftline.objective.loss import DFlashObjective, ObjectiveSettings
+from draftline.pipeline.drafter_worker import DrafterWorker, GradSync
+from draftline.pipeline.health import Health, local_rank_info
+from draftline.pipeline.optim import build_optimizer, build_scheduler
+from draftline.pipeline.transport import Delivery
+
+SHAPES = {
+    "8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+               intermediate_size=12288, vocab_size=151936),
+    "32b": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                intermediate_size=25600, vocab_size=151936),
+    "tiny": dict(hidden_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                 intermediate_size=256, vocab_size=1000),
+}
+
+
+def target_config(shape: str):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**SHAPES[shape], max_position_embeddings=40960, tie_word_embeddings=False,
+                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+
+
+def random_target(shape: str, device: torch.device, dtype: torch.dtype, attn: str):
+    from transformers import Qwen3ForCausalLM
+
+    config = target_config(shape)
+    config._attn_implementation = attn
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen3ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    return model
+
+
+def lognormal_lengths(rng: np.random.Generator, budget: int, mean: float = 2826, cap: int = 8192) -> list[int]:
+    """Document lengths filling ``budget``: log-normal around ``mean`` (sigma 0.6), capped."""
+    sigma = 0.6
+    mu = math.log(mean) - sigma**2 / 2
+    out, total = [], 0
+    while True:
+        n = int(min(cap, max(64, rng.lognormal(mu, sigma))))
+        if total + n > budget:
+            return out or [budget]
+        out.append(n)
+        total += n
+
+
+def packed_batch(lengths: list[int], vocab: int, seed: int, index: int = 0) -> PackedBatch:
+    g = torch.Generator().manual_seed(seed)
+    docs = []
+    for n in lengths:
+        ids = torch.randint(0, vocab - 1, (n,), generator=g).tolist()
+        prompt = max(1, n // 5)  # the response (80%) is trained
+        docs.append((ids, [i >= prompt for i in range(n)]))
+    return PackedBatch.from_documents(docs, sample_ids=list(range(index * 1000, index * 1000 + len(docs))), index=index)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_gib(device) -> float:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+
+
+def reset_peak(device):
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def bench_target(args, device, dtype, peak, rows):
+    model = random_target(args.shape, device, dtype, "flex_attention" if device.type == "cuda" else "sdpa")
+    layers = SHAPES[args.shape]["num_hidden_layers"]
+    drafter_cfg = build_drafter_config(model.config, num_hidden_layers=5, block_size=16)
+    ids = drafter_cfg.dflash_config["target_layer_ids"]
+    shape = TargetShape.from_config(model.config)
+    target = TargetFeatures.from_model(model, ids)
+    rng = np.random.default_rng(0)
+    batches = [packed_batch(lognormal_lengths(rng, args.budget), shape.vocab_size, i, i) for i in range(args.iters + 2)]
+    for b in batches[:2]:
+        target(b)
+    sync(device)
+    reset_peak(device)
+    times, flops, tokens, samples = [], 0.0, 0, 0
+    for b in batches[2:]:
+        start = time.perf_counter()
+        target(b)
+        sync(device)
+        times.append(time.perf_counter() - start)
+        flops += target_flops(shape, b.doc_lengths, max(ids) + 1)
+        tokens += b.num_tokens
+        samples += b.num_docs
+    wall = sum(times)
+    rows.append(row(f"{args.shape} target, packed {args.budget} tok", "target", tokens / wall, samples / wall,
+                    flops / wall, peak, peak_gib(device)))
+    del target, model
+    return drafter_cfg, layers
+
+
+def make_worker(cfg, device, dtype, max_query_rows, embed, head):
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg).to(device=device, dtype=torch.float32)
+    objective = DFlashObjective(drafter, embed, head, ObjectiveSettings(max_anchors=512, head_chunk_rows=4096))
+    optim_cfg = OptimConfig()
+    optimizer = build_optimizer(drafter, optim_cfg)
+    scheduler = build_scheduler(optimizer, optim_cfg, 1000)
+    health = Health(local_rank_info(0, "bench", device))
+    worker = DrafterWorker(
+        objective=objective, optimizer=optimizer, scheduler=scheduler, receiver=None,
+        sync=GradSync(list(drafter.parameters()), None, health), health=health, device=device, compute_dtype=dtype,
+        batches_per_step=1, start_step=0, total_steps=10**6, max_query_rows=max_query_rows, grad_clip=1.0,
+        max_bad_steps=10**6,
+    )
+    return worker
+
+
+def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
+    vocab, hidden = cfg.vocab_size, cfg.hidden_size
+    width = len(cfg.dflash_config["target_layer_ids"]) * hidden
+    embed = (torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02)
+    head = (torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02)
+    worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head)
+    batches = make_batches()
+    deliveries = [Delivery(b.index, torch.randn(b.num_tokens, width, device=device, dtype=dtype), b) for b in batches]
+    for d in deliveries[:2]:  # warm up (compilation)
+        worker.train_on(d)
+        worker.finish_step()
+    sync(device)
+    reset_peak(device)
+    flops_before = worker.counters.flops
+    times, tokens, samples = [], 0, 0
+    for d in deliveries[2:]:
+        start = time.perf_counter()
+        worker.train_on(d)
+        worker.finish_step()
+        sync(device)
+        times.append(time.perf_counter() - start)
+        tokens += d.batch.num_tokens
+        samples += d.batch.num_docs
+    wall = sum(times)
+    flops = worker.counters.flops - flops_before
+    rows.append(row(name, "drafter", tokens / wall, samples / wall, flops / wall, peak, peak_gib(device),
+                    extra=f"{1000 * wall / samples:.0f} ms/sample"))
+    del worker, deliveries, embed, head
+
+
+def row(workload, role, tok_s, samples_s, flops_s, peak, mem, extra=""):
+    return {"workload": workload, "role": role, "tokens_s": tok_s, "samples_s": samples_s,
+            "tflops": flops_s / 1e12, "mfu": flops_s / peak.flops, "peak_gib": mem, "note": extra}
+
+
+def bench_line(args, device, rows, peak):
+    """`draftline train` colocated, on a random target saved with save_pretrained."""
+    from draftline.cli import main
+    from draftline.data.dataset import DatasetWriter
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="draftline-bench-"))
+    target_dir = work / "target"
+    if not (target_dir / "config.json").is_file():
+        model = random_target(args.shape, device, torch.bfloat16, "sdpa")
+        model.save_pretrained(target_dir)
+        del model
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+    data_dir = work / "data"
+    if not (data_dir / "meta.json").is_file():
+        rng = np.random.default_rng(1)
+        vocab = SHAPES[args.shape]["vocab_size"]
+        writer = DatasetWriter(data_dir, vocab)
+        for _ in range(args.line_samples):
+            n = int(min(8192, args.budget, max(64, rng.lognormal(math.log(2826) - 0.18, 0.6))))
+            ids = rng.integers(0, vocab - 1, n)
+            mask = np.arange(n) >= n // 5
+            writer.add(ids, mask, [n])
+        writer.finish({"target_vocab_size": vocab, "source": "bench"})
+    out = work / "run"
+    argv = ["train", "--target", str(target_dir), "--data", str(data_dir), "--out", str(out), "--from-scratch",
+            "--token-budget", str(args.budget), "--max-steps", str(args.line_steps), "--epochs", "1",
+            "--log-every", "10", "--save-every", "100000", "--save-every-minutes", "0", "--no-tensorboard",
+            "--q-hs", "2", "--max-query-rows", str(args.max_query_rows)]
+    code = main(argv)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    train = [r for r in records if r["kind"] == "train" and r.get("ktok_s")]
+    if code != 0 or not train:
+        rows.append({"workload": "line colocated", "role": "both", "note": f"failed (exit {code})"})
+        return
+    last = train[len(train) // 2 :]  # steady state: the second half of the intervals
+    ktok = statistics.median(r["ktok_s"] for r in last)
+    rows.append({"workload": f"{args.shape} line colocated, {args.budget} tok", "role": "target+drafter",
+                 "tokens_s": ktok * 1e3, "samples_s": statistics.median(r["samples_s"] for r in last),
+                 "tflops": statistics.median(r["tflops"] for r in last), "mfu": statistics.median(r["mfu"] for r in last),
+                 "peak_gib": max((g.get("mem_used_gib") or 0) for r in last for g in r["gpus"]) or float("nan"),
+                 "note": f"q_hs {last[-1]['q_hs']}, drafter wait {last[-1]['drafter_wait']:.0%}"})
+
+
+def print_table(rows, peak, out: Path | None):
+    header = f"{'workload':40s} {'role':15s} {'tok/s':>10s} {'samples/s':>9s} {'TFLOP/s':>8s} {'MFU':>6s} {'peak GiB':>8s}  note"
+    print(f"\nMFU against {peak.describe()}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        if "tokens_s" not in r:
+            print(f"{r['workload']:40s} {r['role']:15s} {r['note']}")
+            continue
+        print(f"{r['workload']:40s} {r['role']:15s} {r['tokens_s']:10.0f} {r['samples_s']:9.2f} {r['tflops']:8.1f} "
+              f"{100 * r['mfu']:5.1f}% {r['peak_gib']:8.1f}  {r['note']}")
+    if out:
+        out.write_text(json.dumps({"peak": peak.flops, "peak_source": peak.source, "rows": rows}, indent=2))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--budget", type=int, default=49152)
+    parser.add_argument("--max-query-rows", type=int, default=32768)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--skip", nargs="*", default=[], choices=["target", "drafter-3072", "drafter-packed"])
+    parser.add_argument("--line", action="store_true", help="also run `draftline train` colocated")
+    parser.add_argument("--line-steps", type=int, default=40)
+    parser.add_argument("--line-samples", type=int, default=1500)
+    parser.add_argument("--workdir", help="where --line keeps its target and data (reused if present)")
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    peak = resolve_peak(device, dtype)
+    rows: list[dict] = []
+    cfg = build_drafter_config(target_config(args.shape), num_hidden_layers=5, block_size=16)
+    steps = [
+        ("target", lambda: bench_target(args, device, dtype, peak, rows)),
+        ("drafter-3072", lambda: bench_drafter(
+            args, cfg, device, dtype, peak, rows, f"{args.shape} drafter, 1 x 3072 tok, 512 anchors",
+            lambda: [packed_batch([3072], cfg.vocab_size, i, i) for i in range(args.iters + 2)])),
+        ("drafter-packed", lambda: bench_drafter(
+            args, cfg, device, dtype, peak, rows, f"{args.shape} drafter, packed {args.budget} tok",
+            lambda: [packed_batch(lognormal_lengths(np.random.default_rng(i), args.budget), cfg.vocab_size, i, i)
+                     for i in range(args.iters + 2)])),
+    ]
+    for name, fn in steps:
+        if name in args.skip:
+            continue
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - one failing workload must not hide the others
+            rows.append({"workload": name, "role": "-", "note": f"failed: {type(exc).__name__}: {str(exc)[:200]}"})
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        print_table(rows, peak, None)
+        sys.stdout.flush()
+    if args.line:
+        try:
+            bench_line(args, device, rows, peak)
+        except Exception as exc:  # noqa: BLE001
+            rows.append({"workload": "line", "role": "-", "note": f"failed: {type(exc).__name__}: {str(exc)[:200]}"})
+    print_table(rows, peak, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
