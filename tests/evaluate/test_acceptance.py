@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from draftline.checkpoint.export import load_drafter
+from draftline.errors import DraftlineError
 from draftline.evaluate.acceptance import format_summary, measure_acceptance, summarize
 
 
@@ -38,3 +40,27 @@ def test_measure_acceptance_on_a_trained_drafter(qwen3_model, trained_drafter):
                for _ in range(2)]
     assert sampled[0] == sampled[1] and 1 <= sampled[0]["tau"] <= 4
     assert len(sampled[0]["acceptance_hist"]) == 4
+
+
+def test_measure_acceptance_decodes_a_flex_target_on_sdpa_and_restores_it(qwen3_target, make_drafter, monkeypatch):
+    from draftline.evaluate import acceptance
+    from draftline.model.target import TargetFeatures
+
+    seen = []
+    monkeypatch.setattr(acceptance, "speculative_generate",
+                        lambda model, *a, **k: seen.append(model.config._attn_implementation) or _fake_generation())
+    drafter = make_drafter(qwen3_target, num_layers=1, block_size=4)
+    features = TargetFeatures(qwen3_target, drafter.target_layer_ids, dtype=torch.float32,
+                              attn_implementation="flex_attention", keep_all_layers=True)
+    measure_acceptance(features.model, drafter, [[1, 2, 3]], max_new_tokens=4)
+    assert seen == ["sdpa"] and features.model.config._attn_implementation == "flex_attention"
+
+    truncated = TargetFeatures(qwen3_target, drafter.target_layer_ids, dtype=torch.float32)  # feature layers only
+    with pytest.raises(DraftlineError, match="keep_all_layers"):
+        measure_acceptance(truncated.model, drafter, [[1, 2, 3]], max_new_tokens=4)
+
+
+def _fake_generation():
+    from draftline.evaluate.speculative import Generation
+
+    return Generation([1, 2, 3, 4, 5], [1], 3)

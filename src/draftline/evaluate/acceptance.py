@@ -13,13 +13,16 @@ The dict has the fields of a ``kind: "eval"`` record of metrics.jsonl (docs/ARCH
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Iterable, Sequence
 
 import torch
 from transformers import PreTrainedModel
 
+from draftline.errors import DraftlineError
 from draftline.evaluate.sampling import Sampling
 from draftline.evaluate.speculative import Generation, speculative_generate
+from draftline.model.config import text_config
 from draftline.model.drafter import DFlashDrafter
 
 
@@ -71,26 +74,50 @@ def measure_acceptance(
     """
     drafter = unwrap(drafter)
     block_size = int(block_size or drafter.block_size)
+    num_layers = int(text_config(target_model.config).num_hidden_layers)
+    if num_layers < int(drafter.config.num_target_layers):
+        raise DraftlineError(
+            f"the target model has {num_layers} of its {drafter.config.num_target_layers} layers (a feature-only "
+            "copy?); decoding needs the whole model with its LM head (TargetFeatures(keep_all_layers=True))"
+        )
     if stop_token_ids is None:
         stop_token_ids = eos_token_ids(target_model)
     sampling = Sampling(temperature=temperature)
     generator = None
     if not sampling.greedy:
         generator = torch.Generator(device=target_model.device).manual_seed(seed)
-    generations = [
-        speculative_generate(
-            target_model,
-            drafter,
-            prompt,
-            max_new_tokens=max_new_tokens,
-            stop_token_ids=stop_token_ids,
-            sampling=sampling,
-            block_size=block_size,
-            generator=generator,
-        )
-        for prompt in prompts
-    ]
+    with decoding_attention(target_model):
+        generations = [
+            speculative_generate(
+                target_model,
+                drafter,
+                prompt,
+                max_new_tokens=max_new_tokens,
+                stop_token_ids=stop_token_ids,
+                sampling=sampling,
+                block_size=block_size,
+                generator=generator,
+            )
+            for prompt in prompts
+        ]
     return summarize_generations(generations, block_size)
+
+
+@contextmanager
+def decoding_attention(model: PreTrainedModel):
+    """Run a target loaded with flex_attention (the feature pass's choice on GPU) on SDPA meanwhile.
+
+    Decoding changes the key length every step; flex attention would compile for each new shape.
+    """
+    current = getattr(model.config, "_attn_implementation", None)
+    switch = current == "flex_attention" and hasattr(model, "set_attn_implementation")
+    if switch:
+        model.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        if switch:
+            model.set_attn_implementation(current)
 
 
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:

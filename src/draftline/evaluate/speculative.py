@@ -35,7 +35,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from draftline.errors import DraftlineError
 from draftline.evaluate.sampling import Sampling, choose, greedy_verify, probabilities, rejection_sample
-from draftline.model.attention import BlockLayout, make_attention
+from draftline.model.attention import BlockLayout, dense_mask
 from draftline.model.config import mask_token_id
 from draftline.model.drafter import ContextCache, DFlashDrafter
 
@@ -75,6 +75,33 @@ class Proposer(Protocol):
         """
 
 
+class OneBlockAttention:
+    """The drafter's attention at inference: one block whose anchor follows every context row.
+
+    The visibility rule (``draftline.model.attention``) then lets full-attention layers see every
+    key, so they run without a mask (fewer small ops per step, and SDPA may pick a fused kernel);
+    sliding-window layers use the rule's dense mask, B x (context + B) booleans.
+    """
+
+    def __init__(self, config, anchor_pos: int, block_size: int, device: torch.device):
+        self.layer_types = list(config.layer_types)
+        self.scale = config.head_dim**-0.5
+        self.sliding_mask = None
+        if "sliding_attention" in self.layer_types:
+            layout = BlockLayout(
+                context_doc=torch.zeros(anchor_pos, dtype=torch.long, device=device),
+                context_pos=torch.arange(anchor_pos, device=device),
+                anchor_doc=torch.zeros(1, dtype=torch.long, device=device),
+                anchor_pos=torch.full((1,), anchor_pos, dtype=torch.long, device=device),
+                block_size=block_size,
+            )
+            self.sliding_mask = dense_mask(layout, sliding=True, window=config.sliding_window)[None, None]
+
+    def __call__(self, q, k, v, layer_idx):
+        mask = self.sliding_mask if self.layer_types[layer_idx] == "sliding_attention" else None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
 class DFlashProposer:
     """Our drafter wired to the target: the target's embedding and LM head, a context-only cache."""
 
@@ -102,24 +129,16 @@ class DFlashProposer:
         seen = self.cache.length()
         assert seen + new_features.shape[0] == anchor_pos, "the drafter's context must end right before the anchor"
         device = block_ids.device
-        # One block whose anchor follows every context row, all in one document. A dense mask of
-        # B x (context + B) booleans is cheap at this size; flex would rebuild its block mask each step.
-        layout = BlockLayout(
-            context_doc=torch.zeros(anchor_pos, dtype=torch.long, device=device),
-            context_pos=torch.arange(anchor_pos, device=device),
-            anchor_doc=torch.zeros(1, dtype=torch.long, device=device),
-            anchor_pos=torch.full((1,), anchor_pos, dtype=torch.long, device=device),
-            block_size=int(block_ids.shape[0]),
-        )
+        size = int(block_ids.shape[0])
         embeds = F.embedding(block_ids, self.embed_weight).to(self.dtype)
         if self.embed_scale != 1.0:
             embeds = embeds * self.embed_scale
         hidden = self.drafter(
             embeds,
             new_features.to(self.dtype),
-            layout.block_positions(),
+            torch.arange(anchor_pos, anchor_pos + size, device=device),
             torch.arange(seen, anchor_pos, device=device),
-            make_attention(layout, self.config, backend="dense"),
+            OneBlockAttention(self.config, anchor_pos, size, device),
             cache=self.cache,
         )
         logits = F.linear(hidden[1:].to(self.head_weight.dtype), self.head_weight)
@@ -149,7 +168,11 @@ def _cache_arg(target: PreTrainedModel) -> str:
 
 
 def _crop(cache: DynamicCache, length: int) -> None:
-    cache.crop(length - cache.get_seq_length())  # a negative count: rows to drop from the end
+    """Keep the first ``length`` positions (rejected drafts go)."""
+    if "tokens_to_remove" in inspect.signature(cache.crop).parameters:
+        cache.crop(length - cache.get_seq_length())  # a count to drop (<= 0); crop(0) also trims sliding layers
+    else:  # early transformers 5: the length to keep
+        cache.crop(length)
 
 
 def _features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
