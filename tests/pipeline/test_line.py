@@ -79,3 +79,16 @@ def test_separate_ranks_match_the_single_process(colocated, qwen3_target, line_d
     assert _samples_by_epoch(out).keys() == _samples_by_epoch(colocated).keys()
     if targets == 1:  # both drafters trained batches: work was shared
         assert len(list((out / "trace").glob("drafter-*.jsonl"))) == 2
+
+
+def test_acceptance_is_measured_during_and_after_training(qwen3_target, line_data, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"input_ids": list(range(i, i + 12))}) + "\n" for i in range(3)))
+    out = tmp_path / "run"
+    args = base_args(qwen3_target, line_data, out, max_steps=4, eval_every=2, eval_prompts=prompts,
+                     eval_max_new_tokens=8)
+    assert main(["train", *args]) == 0
+    evals = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [2, 4]
+    assert all(e["num_prompts"] == 3 and 1.0 <= e["tau"] <= 4 and sum(e["acceptance_hist"]) == e["num_steps"]
+               for e in evals)

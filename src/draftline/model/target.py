@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -111,16 +112,19 @@ class TargetFeatures:
         self.attn = attn
         self.decoder = model.get_decoder()
         self.device = next(model.parameters()).device
-        self._captured: dict[int, torch.Tensor] = {}
+        # Per thread: in the colocated mode another thread may decode with the same model (evaluation).
+        self._local = threading.local()
         self._deepest = max(self.layer_ids)
-        self._stop_early = False
         for layer_id in set(self.layer_ids):
             self.decoder.layers[layer_id].register_forward_hook(self._hook(layer_id))
 
     def _hook(self, layer_id: int):
         def capture(_module, _inputs, output):
-            self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
-            if self._stop_early and layer_id == self._deepest:
+            captured = getattr(self._local, "captured", None)
+            if captured is None:  # a forward that is not a feature pass (e.g. evaluation)
+                return
+            captured[layer_id] = output[0] if isinstance(output, tuple) else output
+            if layer_id == self._deepest:
                 raise _StopForward
 
         return capture
@@ -139,18 +143,16 @@ class TargetFeatures:
             from draftline.model.attention import document_causal_block_mask
 
             mask = document_causal_block_mask(batch.doc_lengths, self.device)
-        self._captured.clear()
-        # With all layers kept (the same model also serves evaluation), stop after the deepest one.
-        self._stop_early = True
+        # The hook after the deepest feature layer stops the forward: later layers never run.
+        captured: dict[int, torch.Tensor] = {}
+        self._local.captured = captured
         try:
             self.decoder(input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=False)
         except _StopForward:
             pass
         finally:
-            self._stop_early = False
-        features = torch.cat([self._captured[i][0] for i in self.layer_ids], dim=-1)
-        self._captured.clear()
-        return features
+            self._local.captured = None
+        return torch.cat([captured[i][0] for i in self.layer_ids], dim=-1)
 
     def embed_weight(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight

@@ -311,6 +311,51 @@ class Line:
         due = (every and worker.step % every == 0) or (minutes and time.time() - self.last_save_time > minutes * 60)
         if due and worker.step < worker.total_steps:
             self.save_checkpoint()
+        eval_every = self.config.monitor.eval_every
+        if eval_every and worker.step % eval_every == 0 and worker.step < worker.total_steps:
+            self.evaluate()
+
+    # ------------------------------------------------------------------ evaluation
+    def _eval_prompts(self) -> list[list[int]]:
+        c = self.config.monitor
+        if c.eval_prompts:
+            from draftline.evaluate.prompts import read_prompts
+
+            return read_prompts(c.eval_prompts, self.config.model.target, limit=c.eval_num_prompts)
+        held = [r["input_ids"] for r in self.plan.dataset.heldout() if r.get("input_ids")]
+        return held[: c.eval_num_prompts]
+
+    def evaluate(self) -> dict | None:
+        """Real acceptance (speculative decoding) on held-out prompts with the drafter as it is now."""
+        from draftline.evaluate.acceptance import measure_acceptance
+
+        if not hasattr(self, "_prompts"):
+            self._prompts = self._eval_prompts()
+        if not self._prompts:
+            return None
+        if getattr(self, "_eval_target", None) is None:
+            if self.target_worker is not None:  # colocated: the same copy, all layers kept
+                self._eval_target = self.target_worker.features.model
+            else:  # a drafter rank: load a full copy once (bf16 on GPU)
+                from transformers import AutoModelForCausalLM
+
+                self._eval_target = AutoModelForCausalLM.from_pretrained(
+                    self.config.model.target, dtype=self.dtype).to(self.device).eval().requires_grad_(False)
+        drafter = self.worker.drafter
+        start = time.time()
+        was_training = drafter.training
+        drafter.eval()
+        try:
+            with torch.no_grad(), torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+                summary = measure_acceptance(self._eval_target, drafter, self._prompts,
+                                             max_new_tokens=self.config.monitor.eval_max_new_tokens)
+        finally:
+            drafter.train(was_training)
+        summary.update(kind="eval", time=time.time(), step=self.worker.step, seconds=time.time() - start)
+        self.logger.log(summary)
+        print(f"draftline: step {self.worker.step}: acceptance tau {summary['tau']:.2f} on {summary['num_prompts']} "
+              f"held-out prompts ({summary['seconds']:.1f} s)", flush=True)
+        return summary
 
     def save_checkpoint(self) -> Path:
         if self.monitor is None:  # a drafter standing in for a dead rank 0
@@ -343,6 +388,7 @@ class Line:
             if status == "finished":
                 final = save_drafter(self.worker.drafter, self.run_dir / "final", dtype=torch.bfloat16)
                 print(f"draftline: finished at step {self.worker.step}; drafter in {final}")
+                self.evaluate()
             else:
                 print(f"draftline: stopped at step {self.worker.step}; checkpoint {self.saved}; "
                       "continue with the same command and --resume")
