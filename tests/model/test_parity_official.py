@@ -97,7 +97,7 @@ def test_target_features_are_layer_outputs_per_document(qwen3_target):
     """Feature id l is HF hidden_states[l + 1] (output of layer l), and documents do not mix."""
     from transformers import AutoModelForCausalLM
 
-    layer_ids = [1, 3, 6]
+    layer_ids = [1, 3, 7]  # 7 is the last layer: HF's hidden_states[8] is after the final norm
     target = TargetFeatures(qwen3_target, layer_ids, dtype=torch.float32)
     full = AutoModelForCausalLM.from_pretrained(qwen3_target, dtype=torch.float32).eval()
     batch = random_packed_batch(320, [12, 7, 15], seed=4)

@@ -85,6 +85,8 @@ class TargetFeatures:
         num_layers = int(text_config(config).num_hidden_layers)
         if max(self.layer_ids) >= num_layers or min(self.layer_ids) < 0:
             raise DraftlineError(f"target_layer_ids {self.layer_ids} outside the target's {num_layers} layers")
+        # HF's hidden_states[L] (what inference code reads for the last layer) is after the final norm.
+        self._normed = {num_layers - 1} & set(self.layer_ids)
         if not keep_all_layers:
             config = _truncated_config(config, max(self.layer_ids) + 1)
         attn = attn_implementation or default_attention(device)
@@ -99,6 +101,7 @@ class TargetFeatures:
         """Wrap an in-memory causal LM (benchmarks, tests); drops the unused layers unless told not to."""
         self = cls.__new__(cls)
         self.layer_ids = list(layer_ids)
+        self._normed = {int(text_config(model.config).num_hidden_layers) - 1} & set(self.layer_ids)
         if not keep_all_layers:
             decoder = model.get_decoder()
             decoder.layers = decoder.layers[: max(self.layer_ids) + 1]
@@ -152,7 +155,8 @@ class TargetFeatures:
             pass
         finally:
             self._local.captured = None
-        return torch.cat([captured[i][0] for i in self.layer_ids], dim=-1)
+        parts = [self.decoder.norm(captured[i][0]) if i in self._normed else captured[i][0] for i in self.layer_ids]
+        return torch.cat(parts, dim=-1)
 
     def embed_weight(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight

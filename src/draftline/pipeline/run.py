@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 
@@ -345,8 +346,10 @@ class Line:
         start = time.time()
         was_training = drafter.training
         drafter.eval()
+        pause = self.target_worker.paused() if self.target_worker is not None else nullcontext()
         try:
-            with torch.no_grad(), torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+            with pause, torch.no_grad(), torch.autocast(self.device.type, dtype=self.dtype,
+                                                        enabled=self.dtype != torch.float32):
                 summary = measure_acceptance(self._eval_target, drafter, self._prompts,
                                              max_new_tokens=self.config.monitor.eval_max_new_tokens)
         finally:

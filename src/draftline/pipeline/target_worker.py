@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -89,6 +90,14 @@ class TargetWorker:
         self.layers_run = layers_run
         self.on_batch = on_batch
         self.counters = TargetCounters()
+        # Held during each feature pass: the colocated evaluation decodes with the same model.
+        self.model_lock = threading.Lock()
+
+    @contextmanager
+    def paused(self):
+        """No feature pass runs while this is held (a pass in progress finishes first)."""
+        with self.model_lock:
+            yield
 
     def run(self) -> None:
         while True:
@@ -97,7 +106,8 @@ class TargetWorker:
             if batch is None:
                 break
             start = time.perf_counter()
-            feats = self.features(batch)
+            with self.model_lock:
+                feats = self.features(batch)
             self.counters.busy_s += time.perf_counter() - start
             self.counters.wait_drafters_s += self.sender.put(batch.index, feats, batch)
             self.counters.batches += 1
