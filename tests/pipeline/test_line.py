@@ -7,6 +7,7 @@ import math
 from collections import Counter
 
 import pytest
+import torch
 
 from draftline.cli import main
 from draftline.checkpoint.export import load_drafter
@@ -92,3 +93,31 @@ def test_acceptance_is_measured_during_and_after_training(qwen3_target, line_dat
     assert [e["step"] for e in evals] == [2, 4]
     assert all(e["num_prompts"] == 3 and 1.0 <= e["tau"] <= 4 and sum(e["acceptance_hist"]) == e["num_steps"]
                for e in evals)
+
+
+def test_passes_bound_the_dense_mask_and_keep_every_anchor():
+    from draftline.data.batch import PackedBatch
+    from draftline.objective.anchors import sample_anchors
+    from draftline.pipeline.drafter_worker import plan_passes
+
+    docs = [(list(range(n)), [True] * n) for n in (200, 31, 150, 90, 400)]
+    batch = PackedBatch.from_documents(docs)
+    anchors = sample_anchors(batch, 40, seed=0)
+    passes = plan_passes(batch, anchors, max_anchors_per_pass=64, block_size=8, max_dense_entries=200_000)
+    covered = torch.cat([p.anchors + p.token_lo for p in passes])
+    assert torch.equal(covered, anchors)  # every anchor once, in order
+    for p in passes:
+        rows = p.anchors.numel() * 8
+        assert p.anchors.numel() <= 64
+        assert p.anchors.numel() == 1 or rows * (p.batch.num_tokens + rows) <= 200_000
+        assert p.batch.num_tokens == p.token_hi - p.token_lo
+    assert len(plan_passes(batch, anchors, 10**6, 8)) == 1  # without a dense bound: one pass
+
+
+def test_report_renders_from_a_real_run(colocated):
+    assert main(["report", str(colocated)]) == 0
+    report = colocated / "report"
+    pngs = sorted(p.name for p in report.glob("*.png"))
+    assert {"loss.png", "throughput.png", "queues.png"} <= set(pngs)
+    summary = (report / "summary.md").read_text()
+    assert "colocated" in summary or "topology" in summary.lower()

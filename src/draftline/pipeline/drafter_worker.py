@@ -43,21 +43,41 @@ class Pass:
     token_hi: int
 
 
-def plan_passes(batch: PackedBatch, anchors: torch.Tensor, max_anchors_per_pass: int) -> list[Pass]:
-    """Split a batch's anchors (sorted) into passes of at most ``max_anchors_per_pass``."""
+def plan_passes(batch: PackedBatch, anchors: torch.Tensor, max_anchors_per_pass: int, block_size: int = 16,
+                max_dense_entries: int | None = None) -> list[Pass]:
+    """Split a batch's anchors (sorted) into passes of at most ``max_anchors_per_pass``.
+
+    With ``max_dense_entries`` (the dense attention path, which computes every query-key pair), a
+    pass also ends before its mask ``block rows x (context rows + block rows)`` would exceed it:
+    documents then go through in small groups instead of one quadratic pass.
+    """
     if anchors.numel() == 0:
         return []
     doc_of_token = batch.doc_ids()
     starts = batch.doc_starts()
     ends = starts + batch.doc_lengths
+    anchor_doc = doc_of_token[anchors].tolist()
     passes = []
-    for lo in range(0, anchors.numel(), max_anchors_per_pass):
-        chunk = anchors[lo : lo + max_anchors_per_pass]
-        first_doc = int(doc_of_token[chunk[0]])
-        last_doc = int(doc_of_token[chunk[-1]])
+    lo = 0
+    total = anchors.numel()
+    while lo < total:
+        hi = min(lo + max_anchors_per_pass, total)
+        if max_dense_entries is not None:
+            first_doc = anchor_doc[lo]
+            end = lo + 1
+            while end < hi:
+                rows = (end + 1 - lo) * block_size
+                context = int(ends[anchor_doc[end]] - starts[first_doc])
+                if rows * (context + rows) > max_dense_entries:
+                    break
+                end += 1
+            hi = end
+        chunk = anchors[lo:hi]
+        first_doc, last_doc = anchor_doc[lo], anchor_doc[hi - 1]
         token_lo, token_hi = int(starts[first_doc]), int(ends[last_doc])
         sub = batch.slice_docs(first_doc, last_doc + 1)
         passes.append(Pass(sub, chunk - token_lo, token_lo, token_hi))
+        lo = hi
     return passes
 
 
@@ -183,6 +203,7 @@ class DrafterWorker:
         self._metrics_size = size
         if activation_checkpointing:
             _checkpoint_layers(self.drafter)
+        health.watch(self.drafter.layers)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> str:
@@ -208,7 +229,9 @@ class DrafterWorker:
         batch = delivery.batch
         settings = self.objective.settings
         anchors = sample_anchors(batch, settings.max_anchors, settings.seed)  # host
-        for part in plan_passes(batch, anchors, self.max_anchors_per_pass):
+        dense = settings.attention == "dense" or (settings.attention == "auto" and self.device.type != "cuda")
+        for part in plan_passes(batch, anchors, self.max_anchors_per_pass, self.block_size,
+                                max_dense_entries=2**22 if dense else None):
             blocks_host = build_blocks(
                 part.batch, part.anchors, block_size=self.block_size,
                 mask_token_id=self.objective.mask_token_id, gamma=self.objective.gamma,

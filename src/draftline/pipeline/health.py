@@ -79,6 +79,12 @@ class Health:
         """The main loop is alive (called from polling waits and between batches)."""
         self._progress = time.time()
 
+    def watch(self, modules) -> None:
+        """Count each module's forward and backward as progress (a long pass is not a hang)."""
+        for module in modules:
+            module.register_forward_pre_hook(lambda *_: self.tick())
+            module.register_full_backward_pre_hook(lambda *_: self.tick())
+
     def set_stats(self, stats: dict) -> None:
         """Numbers this rank shares with the monitor (queue depths, rates, memory)."""
         self._stats = stats

@@ -199,6 +199,7 @@ class Line:
         keep_all = self.role.kind == "colocated"  # the same copy decodes for evaluation
         target = TargetFeatures(self.config.model.target, layer_ids, device=self.device, dtype=self.dtype,
                                 keep_all_layers=keep_all)
+        self.health.watch(target.decoder.layers)
         if self.config.engine.preflight and self.device.type == "cuda":
             from draftline.pipeline.preflight import preflight_target
 
