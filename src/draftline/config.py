@@ -35,6 +35,8 @@ class ModelConfig:
     """Per drafter layer: 'full_attention' (default) or 'sliding_attention'."""
     init_drafter: str | None = None
     """Warm start: a drafter directory (e.g. a released z-lab drafter) to start from."""
+    init_from_target: bool = False
+    """Start the drafter from the target's top layers and final norm (fc passes the deepest feature through)."""
     dtype: str = "auto"
     """Compute dtype: 'auto' (bf16 on GPU, fp32 on CPU), 'bfloat16' or 'float32'. Master weights stay fp32."""
 
@@ -272,6 +274,8 @@ def validate(config: TrainConfig) -> None:
     if t.device not in ("auto", "cuda", "cpu"):
         raise DraftlineError(f"topology.device (--device) must be auto, cuda or cpu, got {t.device!r}")
     _positive(t.failure_timeout_s, "topology.failure_timeout_s")
+    if m.init_drafter and m.init_from_target:
+        raise DraftlineError("--init-drafter and --init-from-target both set the starting weights; pick one")
     if c.resume and c.from_scratch:
         raise DraftlineError("--resume and --from-scratch contradict each other; pick one")
     _positive(c.keep, "checkpoint.keep (--keep)")

@@ -23,6 +23,7 @@ _FLAGS: dict[str, tuple[str, str, object]] = {
     "--sliding-window": ("model", "sliding_window", int),
     "--layer-types": ("model", "layer_types", lambda s: s.split(",")),
     "--init-drafter": ("model", "init_drafter", str),
+    "--init-from-target": ("model", "init_from_target", None),
     "--dtype": ("model", "dtype", str),
     "--token-budget": ("data", "token_budget", int),
     "--max-batch-size": ("data", "max_batch_size", int),

@@ -138,25 +138,48 @@ class TargetFeatures:
 
     @torch.no_grad()  # not inference_mode: the drafter's autograd graph starts from these features
     def __call__(self, batch: PackedBatch) -> torch.Tensor:
-        input_ids = batch.input_ids.to(self.device, non_blocking=True)[None]
-        positions = batch.positions().to(self.device, non_blocking=True)[None]
-        mask = None
         if self.attn == "flex_attention":
-            # Our own block-sparse document-causal mask, built from the document lengths.
-            from draftline.model.attention import document_causal_block_mask
+            return self._packed(batch)
+        return self._padded(batch)
 
-            mask = document_causal_block_mask(batch.doc_lengths, self.device)
+    def _run(self, **inputs) -> dict[int, torch.Tensor]:
         # The hook after the deepest feature layer stops the forward: later layers never run.
         captured: dict[int, torch.Tensor] = {}
         self._local.captured = captured
         try:
-            self.decoder(input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=False)
+            self.decoder(use_cache=False, **inputs)
         except _StopForward:
             pass
         finally:
             self._local.captured = None
-        parts = [self.decoder.norm(captured[i][0]) if i in self._normed else captured[i][0] for i in self.layer_ids]
+        return captured
+
+    def _fuse(self, captured: dict[int, torch.Tensor]) -> torch.Tensor:
+        parts = [self.decoder.norm(captured[i]) if i in self._normed else captured[i] for i in self.layer_ids]
         return torch.cat(parts, dim=-1)
+
+    def _packed(self, batch: PackedBatch) -> torch.Tensor:
+        """One row, our block-sparse document-causal mask: no padding, no cross-document work (GPU)."""
+        from draftline.model.attention import document_causal_block_mask
+
+        input_ids = batch.input_ids.to(self.device, non_blocking=True)[None]
+        positions = batch.positions().to(self.device, non_blocking=True)[None]
+        mask = document_causal_block_mask(batch.doc_lengths, self.device)
+        return self._fuse(self._run(input_ids=input_ids, position_ids=positions, attention_mask=mask))[0]
+
+    def _padded(self, batch: PackedBatch) -> torch.Tensor:
+        """One padded row per document (SDPA, CPU): a packed row would cost a dense [T, T] mask."""
+        lengths = batch.doc_lengths.tolist()
+        longest = max(lengths)
+        rows = len(lengths)
+        input_ids = torch.zeros(rows, longest, dtype=torch.long)
+        attention = torch.zeros(rows, longest, dtype=torch.long)
+        for row, (start, length) in enumerate(zip(batch.doc_starts().tolist(), lengths)):
+            input_ids[row, :length] = batch.input_ids[start : start + length]
+            attention[row, :length] = 1
+        keep = attention.bool().reshape(-1).to(self.device)
+        fused = self._fuse(self._run(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device)))
+        return fused.reshape(rows * longest, -1)[keep]
 
     def embed_weight(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight

@@ -106,8 +106,12 @@ def build_drafter(config: TrainConfig, device: torch.device) -> DFlashDrafter:
     if config.model.init_drafter:
         return load_drafter(config.model.init_drafter, device=device, dtype=torch.float32)
     torch.manual_seed(config.data.seed)
-    drafter = DFlashDrafter(drafter_config(config))
-    return drafter.to(device=device, dtype=torch.float32)
+    drafter = DFlashDrafter(drafter_config(config)).float()
+    if config.model.init_from_target:
+        from draftline.model.warm_start import init_from_target
+
+        init_from_target(drafter, config.model.target)
+    return drafter.to(device=device)
 
 
 def resolve_data_dir(config: TrainConfig) -> Path:

@@ -1,0 +1,34 @@
+"""Starting the drafter from the target's top layers."""
+
+from __future__ import annotations
+
+import torch
+from safetensors.torch import load_file
+
+from draftline.model.config import build_drafter_config
+from draftline.model.drafter import DFlashDrafter
+from draftline.model.target import load_target_config
+from draftline.model.warm_start import init_from_target
+
+
+def test_copies_top_layers_norm_and_identity_fc(qwen3_target):
+    config = build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=2, block_size=4)
+    drafter = DFlashDrafter(config).float()
+    copied = init_from_target(drafter, qwen3_target)
+    weights = load_file(qwen3_target / "model.safetensors")
+    for i, source in enumerate((6, 7)):  # an 8-layer target: its last two layers
+        for name, param in drafter.layers[i].named_parameters():
+            torch.testing.assert_close(param, weights[f"model.layers.{source}.{name}"])
+    torch.testing.assert_close(drafter.norm.weight, weights["model.norm.weight"])
+    H = config.hidden_size
+    torch.testing.assert_close(drafter.fc.weight[:, -H:], torch.eye(H))
+    assert not drafter.fc.weight[:, :-H].any()
+    assert len([c for c in copied if c.startswith("layers.")]) == 22
+
+
+def test_llama_target_keeps_fresh_qk_norms(llama_target):
+    config = build_drafter_config(load_target_config(llama_target), num_hidden_layers=1, block_size=4)
+    drafter = DFlashDrafter(config).float()
+    copied = init_from_target(drafter, llama_target)
+    assert any("q_proj" in c for c in copied) and not any("q_norm" in c for c in copied)
+    assert torch.equal(drafter.layers[0].self_attn.q_norm.weight, torch.ones(config.head_dim))
