@@ -34,7 +34,7 @@ from draftline.data.batch import PackedBatch
 from draftline.model.config import build_drafter_config
 from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import TargetFeatures
-from draftline.monitor.flops import DrafterShape, TargetShape, resolve_peak, target_flops
+from draftline.monitor.flops import TargetShape, resolve_peak, target_flops
 from draftline.objective.loss import DFlashObjective, ObjectiveSettings
 from draftline.pipeline.drafter_worker import DrafterWorker, GradSync
 from draftline.pipeline.health import Health, local_rank_info
@@ -46,6 +46,8 @@ SHAPES = {
                intermediate_size=12288, vocab_size=151936),
     "32b": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
                 intermediate_size=25600, vocab_size=151936),
+    "1.7b": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                 intermediate_size=6144, vocab_size=151936),
     "tiny": dict(hidden_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                  intermediate_size=256, vocab_size=1000),
 }
@@ -191,29 +193,38 @@ def row(workload, role, tok_s, samples_s, flops_s, peak, mem, extra=""):
             "tflops": flops_s / 1e12, "mfu": flops_s / peak.flops, "peak_gib": mem, "note": extra}
 
 
-def bench_line(args, device, rows, peak):
-    """`draftline train` colocated, on a random target saved with save_pretrained."""
-    from draftline.cli import main
+def line_inputs(shape: str, budget: int, samples: int, workdir: str | None, device: torch.device) -> Path:
+    """A random target (saved with save_pretrained) and a prepared dataset of random tokens, in a
+    work folder (reused if already there)."""
     from draftline.data.dataset import DatasetWriter
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="draftline-bench-"))
+    work = Path(workdir or tempfile.mkdtemp(prefix="draftline-bench-"))
     target_dir = work / "target"
     if not (target_dir / "config.json").is_file():
-        model = random_target(args.shape, device, torch.bfloat16, "sdpa")
+        model = random_target(shape, device, torch.bfloat16, "sdpa")
         model.save_pretrained(target_dir)
         del model
         torch.cuda.empty_cache() if device.type == "cuda" else None
     data_dir = work / "data"
     if not (data_dir / "meta.json").is_file():
         rng = np.random.default_rng(1)
-        vocab = SHAPES[args.shape]["vocab_size"]
+        vocab = SHAPES[shape]["vocab_size"]
         writer = DatasetWriter(data_dir, vocab)
-        for _ in range(args.line_samples):
-            n = int(min(8192, args.budget, max(64, rng.lognormal(math.log(2826) - 0.18, 0.6))))
+        for _ in range(samples):
+            n = int(min(8192, budget, max(64, rng.lognormal(math.log(2826) - 0.18, 0.6))))
             ids = rng.integers(0, vocab - 1, n)
             mask = np.arange(n) >= n // 5
             writer.add(ids, mask, [n])
         writer.finish({"target_vocab_size": vocab, "source": "bench"})
+    return work
+
+
+def bench_line(args, device, rows, peak):
+    """`draftline train` colocated, on a random target saved with save_pretrained."""
+    from draftline.cli import main
+
+    work = line_inputs(args.shape, args.budget, args.line_samples, args.workdir, device)
+    target_dir, data_dir = work / "target", work / "data"
     out = work / "run"
     argv = ["train", "--target", str(target_dir), "--data", str(data_dir), "--out", str(out), "--from-scratch",
             "--token-budget", str(args.budget), "--max-steps", str(args.line_steps), "--epochs", "1",

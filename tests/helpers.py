@@ -45,3 +45,14 @@ def make_llama_target(path, *, vocab_size=300, hidden_size=48, num_layers=6, see
     )
     LlamaForCausalLM(config).float().save_pretrained(path)
     return path
+
+
+def layout_for(lengths, anchors_per_doc, block):
+    """A BlockLayout for documents of ``lengths`` with the given anchor positions per document."""
+    from draftline.model.attention import BlockLayout
+
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    pos = torch.cat([torch.arange(n) for n in lengths])
+    a_doc = torch.tensor([d for d, ps in enumerate(anchors_per_doc) for _ in ps])
+    a_pos = torch.tensor([p for ps in anchors_per_doc for p in ps])
+    return BlockLayout(doc, pos, a_doc, a_pos, block)

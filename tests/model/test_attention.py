@@ -6,19 +6,12 @@ import pytest
 import torch
 
 from draftline.data.batch import PackedBatch
-from draftline.model.attention import BlockLayout, DenseAttention, FlexAttention, dense_mask
+from draftline.model.attention import DenseAttention, FlexAttention, dense_mask
 from draftline.model.config import build_drafter_config
 from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import load_target_config
 from draftline.objective.blocks import build_blocks
-
-
-def layout_for(lengths, anchors_per_doc, block):
-    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-    pos = torch.cat([torch.arange(n) for n in lengths])
-    a_doc = torch.tensor([d for d, ps in enumerate(anchors_per_doc) for _ in ps])
-    a_pos = torch.tensor([p for ps in anchors_per_doc for p in ps])
-    return BlockLayout(doc, pos, a_doc, a_pos, block)
+from helpers import layout_for
 
 
 def test_full_attention_mask_rule():

@@ -8,20 +8,12 @@ import torch
 from draftline.data.batch import PackedBatch
 from draftline.model.attention import DenseAttention, FlexAttention
 from draftline.model.target import TargetFeatures
+from helpers import layout_for
 
 pytestmark = pytest.mark.gpu
 
 
 def test_flex_drafter_attention_equals_dense_on_cuda():
-    from draftline.model.attention import BlockLayout
-
-    def layout_for(lengths, anchors_per_doc, block):
-        doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
-        pos = torch.cat([torch.arange(n) for n in lengths])
-        a_doc = torch.tensor([d for d, ps in enumerate(anchors_per_doc) for _ in ps])
-        a_pos = torch.tensor([p for ps in anchors_per_doc for p in ps])
-        return BlockLayout(doc, pos, a_doc, a_pos, block)
-
     torch.manual_seed(0)
     lengths = [900, 77, 1500]
     anchors = [list(range(1, 890, 13)), list(range(0, 70, 9)), list(range(5, 1490, 11))]

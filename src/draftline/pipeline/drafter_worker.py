@@ -221,7 +221,8 @@ class DrafterWorker:
                     return "stopped"
             if delivery is None or self.step >= self.total_steps:
                 break
-            self.train_on(delivery)
+            with self.health.compute_pass():
+                self.train_on(delivery)
         return "finished"
 
     def train_on(self, delivery: Delivery) -> None:
@@ -231,7 +232,7 @@ class DrafterWorker:
         anchors = sample_anchors(batch, settings.max_anchors, settings.seed)  # host
         dense = settings.attention == "dense" or (settings.attention == "auto" and self.device.type != "cuda")
         for part in plan_passes(batch, anchors, self.max_anchors_per_pass, self.block_size,
-                                max_dense_entries=2**18 if dense else None):
+                                max_dense_entries=2**16 if dense else None):
             blocks_host = build_blocks(
                 part.batch, part.anchors, block_size=self.block_size,
                 mask_token_id=self.objective.mask_token_id, gamma=self.objective.gamma,

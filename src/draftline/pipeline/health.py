@@ -7,6 +7,12 @@ rank reads the others'. When a rank reports a failure, or its heartbeat or progr
 with a message that names the role, rank, host, GPU and cause. Blocking waits in the pipeline poll
 ``Health.check()``, which raises ``RunAborted``; nothing continues with fewer workers.
 
+A rank's first pass compiles kernels (flex attention), which can take minutes on a large model:
+until a rank reports ``warm`` its progress may pause for ``startup_timeout_s`` instead. Passes
+of the threads of one process (the colocated target and drafter) take ``COMPILE_LOCK`` in turn:
+torch.compile traces again when shapes change, and tracing in one thread breaks a compiled
+function running in another. They share one device, so little overlap is lost.
+
 A single process (colocated, CPU tests) uses the same object with no store: only local signals.
 """
 
@@ -17,9 +23,14 @@ import os
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
+
+
+COMPILE_LOCK = threading.Lock()
+"""Held by each pass when several threads of this process run passes (colocated)."""
 
 
 class RunAborted(RuntimeError):
@@ -59,11 +70,17 @@ def describe_exception(exc: BaseException) -> str:
 class Health:
     """This rank's view of the run's health. Thread-safe; cheap to ``check()``."""
 
-    def __init__(self, info: RankInfo, store=None, world_size: int = 1, *, timeout_s: float = 30.0, beat_s: float = 2.0):
+    def __init__(self, info: RankInfo, store=None, world_size: int = 1, *, timeout_s: float = 30.0, beat_s: float = 2.0,
+                 startup_timeout_s: float = 900.0):
         self.info = info
         self.store = store
         self.world_size = world_size
         self.timeout_s = timeout_s
+        self.startup_timeout_s = max(timeout_s, startup_timeout_s)
+        self.warm = False
+        self.shared_process = False
+        """Set when a target and a drafter run as threads of this process (colocated)."""
+        self._warm_threads: set[int] = set()
         self.beat_s = beat_s
         self._abort: str | None = None
         self.failed_rank: int | None = None  # the rank a failure message is about, when known
@@ -84,6 +101,21 @@ class Health:
         for module in modules:
             module.register_forward_pre_hook(lambda *_: self.tick())
             module.register_full_backward_pre_hook(lambda *_: self.tick())
+
+    @contextmanager
+    def compute_pass(self):
+        """Around every pass of a worker thread. The first one compiles: once it is done this rank
+        counts as warm (the regular hang timeout applies). Under COMPILE_LOCK when colocated."""
+        thread = threading.get_ident()
+        if thread in self._warm_threads and not self.shared_process:
+            yield
+            return
+        with COMPILE_LOCK:
+            self.tick()
+            yield
+        self._warm_threads.add(thread)
+        self.warm = True
+        self.tick()
 
     def set_stats(self, stats: dict) -> None:
         """Numbers this rank shares with the monitor (queue depths, rates, memory)."""
@@ -136,7 +168,7 @@ class Health:
                 pass
 
     def _beat(self) -> None:
-        payload = {"time": time.time(), "progress": self._progress, "stats": self._stats}
+        payload = {"time": time.time(), "progress": self._progress, "warm": self.warm, "stats": self._stats}
         self.store.set(f"hb/{self.info.rank}", json.dumps(payload))
 
     def _heartbeat_loop(self) -> None:
@@ -192,7 +224,8 @@ class Health:
                 return f"{info.describe()} died (process gone: killed, or crashed without a report)"
             if now - beat["time"] > self.timeout_s:
                 return f"{info.describe()} stopped responding (no heartbeat for {now - beat['time']:.0f} s): killed or lost"
-            if now - beat["progress"] > self.timeout_s:
+            limit = self.timeout_s if beat.get("warm", True) else self.startup_timeout_s
+            if now - beat["progress"] > limit:
                 return (f"{info.describe()} is hung (no progress for {now - beat['progress']:.0f} s; "
                         "stuck in a kernel or a collective)")
             self.failed_rank = None
@@ -248,6 +281,34 @@ def wait_work(work, health: Health) -> float:
     if errors:
         raise errors[0]
     return waited
+
+
+def queue_put(q, item, health: Health, poll_s: float = 0.05) -> float:
+    """``q.put(item)`` on a bounded queue, checking health while it is full; returns seconds blocked."""
+    import queue as queue_module
+
+    start = time.perf_counter()
+    while True:
+        health.check()
+        try:
+            q.put(item, timeout=poll_s)
+            return time.perf_counter() - start
+        except queue_module.Full:
+            continue
+
+
+def queue_get(q, health: Health, poll_s: float = 0.05):
+    """``q.get()``, checking health while it is empty; returns (item, seconds waited)."""
+    import queue as queue_module
+
+    start = time.perf_counter()
+    while True:
+        health.check()
+        try:
+            item = q.get(timeout=poll_s)
+            return item, time.perf_counter() - start
+        except queue_module.Empty:
+            continue
 
 
 def wait_for(predicate, health: Health, *, sleep_s: float = 0.0005, max_sleep_s: float = 0.01) -> float:

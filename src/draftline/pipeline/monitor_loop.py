@@ -75,6 +75,7 @@ class LineMonitor:
         self.grad_norm = float("nan")
         self.skipped = 0
         self.last_status: LineStatus | None = None
+        self.transfer: dict = {"sent_gb": 0.0}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -165,8 +166,9 @@ class LineMonitor:
             mfu=mfu(flops_rate, 1.0, self.peak.flops, self.num_devices),
             q_pre=[int(t.get("q_pre", 0)) for t in targets],
             q_hs=int(sum(t.get("q_hs", 0) for t in targets)),
-            target_wait=self.target_wait.rate() / num_targets,
-            drafter_wait=self.drafter_wait.rate() / num_drafters,
+            # A wait is reported when it ends, so one long wait can land in a single window: cap at 1.
+            target_wait=min(1.0, self.target_wait.rate() / num_targets),
+            drafter_wait=min(1.0, self.drafter_wait.rate() / num_drafters),
             target_batches_s=self.target_batches.rate(),
             drafter_batches_s=self.drafter_batches.rate(),
             eta_s=eta_seconds(step, self.total_steps, steps_rate),
@@ -176,12 +178,18 @@ class LineMonitor:
             q_hs_capacity=self.q_hs_capacity,
             peak=self.peak,
         )
+        sent = sum(t.get("bytes_sent", 0) for t in targets)
+        send_s = sum(t.get("send_s", 0.0) for t in targets)
+        self.transfer = {"sent_gb": sent / 1e9, "send_s": send_s, "gb_s": sent / 1e9 / send_s if send_s > 0 else None}
         self.last_status = status
         return status
 
     def emit(self) -> LineStatus:
         status = self.snapshot()
-        self.logger.log(status.to_record())
+        record = status.to_record()
+        if self.transfer["sent_gb"]:
+            record["transfer"] = self.transfer  # hidden states sent GPU to GPU so far, and the rate of the sends
+        self.logger.log(record)
         if self.dashboard is not None:
             self.dashboard.update(status)
         return status

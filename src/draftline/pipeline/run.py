@@ -218,7 +218,8 @@ class Line:
             stats = dict(self.health._stats)
             stats["target"] = {"batches": c.batches, "tokens": c.tokens, "flops": c.flops,
                                "wait_data_s": c.wait_data_s, "wait_drafters_s": c.wait_drafters_s,
-                               "q_pre": prefetcher.depth(), "q_hs": sender.depth()}
+                               "q_pre": prefetcher.depth(), "q_hs": sender.depth(),
+                               "bytes_sent": getattr(sender, "bytes_sent", 0), "send_s": getattr(sender, "send_seconds", 0.0)}
             if self.role.kind != "colocated":
                 stats["gpu"] = {**device_stats(self.device).to_record(), "rank": self.env.rank, "role": "target"}
             self.health.set_stats(stats)
@@ -484,6 +485,7 @@ def run_training(config: TrainConfig) -> int:
     role = assign_roles(env.world_size, num_targets, num_drafters)[env.rank]
     health = Health(local_rank_info(env.rank, role.kind, device), store, env.world_size,
                     timeout_s=config.topology.failure_timeout_s)
+    health.shared_process = role.kind == "colocated"
     line = Line(config, env, device, role, health, store)
     if env.world_size > 1:
         # All ranks create the drafters' group (a collective call), before anything can fail.

@@ -18,7 +18,7 @@ import torch
 
 from draftline.data.batch import PackedBatch
 from draftline.monitor.flops import TargetShape, target_flops
-from draftline.pipeline.health import Health, RunAborted
+from draftline.pipeline.health import Health, RunAborted, queue_get
 from draftline.pipeline.transport import FeatureSender
 
 
@@ -63,17 +63,10 @@ class Prefetcher:
             self.queue.put(None)
 
     def get(self) -> tuple[PackedBatch | None, float]:
-        start = time.perf_counter()
-        while True:
-            self.health.check()
-            try:
-                item = self.queue.get(timeout=0.05)
-                break
-            except queue.Empty:
-                continue
+        item, waited = queue_get(self.queue, self.health)
         if self.error is not None:
             raise self.error
-        return item, time.perf_counter() - start
+        return item, waited
 
     def depth(self) -> int:
         return self.queue.qsize()
@@ -106,7 +99,7 @@ class TargetWorker:
             if batch is None:
                 break
             start = time.perf_counter()
-            with self.model_lock:
+            with self.model_lock, self.health.compute_pass():
                 feats = self.features(batch)
             self.counters.busy_s += time.perf_counter() - start
             self.counters.wait_drafters_s += self.sender.put(batch.index, feats, batch)

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from draftline.data.batch import PackedBatch
-from draftline.pipeline.health import Health, RunAborted, wait_for, wait_work
+from draftline.pipeline.health import Health, RunAborted, queue_get, queue_put, wait_for, wait_work
 
 
 @dataclass
@@ -66,35 +66,14 @@ class InProcessChannel:
         self.health = health
 
     def put(self, seq: int, features: torch.Tensor, batch: PackedBatch) -> float:
-        start = time.perf_counter()
-        item = Delivery(seq, features, batch)
-        while True:
-            self.health.check()
-            try:
-                self.queue.put(item, timeout=0.05)
-                return time.perf_counter() - start
-            except queue.Full:
-                continue
+        return queue_put(self.queue, Delivery(seq, features, batch), self.health)
 
     def finish(self) -> None:
-        while True:
-            self.health.check()
-            try:
-                self.queue.put(_END, timeout=0.05)
-                return
-            except queue.Full:
-                continue
+        queue_put(self.queue, _END, self.health)
 
     def get(self) -> tuple[Delivery | None, float]:
-        start = time.perf_counter()
-        while True:
-            self.health.check()
-            try:
-                item = self.queue.get(timeout=0.05)
-                break
-            except queue.Empty:
-                continue
-        return (None if item is _END else item), time.perf_counter() - start
+        item, waited = queue_get(self.queue, self.health)
+        return (None if item is _END else item), waited
 
     def depth(self) -> int:
         return self.queue.qsize()
@@ -142,15 +121,8 @@ class DistributedSender:
         self.thread.start()
 
     def put(self, seq: int, features: torch.Tensor, batch: PackedBatch) -> float:
-        start = time.perf_counter()
-        while True:
-            self._raise_if_failed()
-            self.health.check()
-            try:
-                self.outbox.put((seq, features), timeout=0.05)
-                return time.perf_counter() - start
-            except queue.Full:
-                continue
+        self._raise_if_failed()
+        return queue_put(self.outbox, (seq, features), self.health)
 
     def finish(self) -> None:
         self.outbox.put(None)
