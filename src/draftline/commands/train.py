@@ -8,8 +8,11 @@ draftline train ...``). Many nodes: ``torchrun`` as usual.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
+from pathlib import Path
 
 from draftline.config import TrainConfig, apply_dict, load_config_file
 
@@ -114,7 +117,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return config
 
 
-def _launch(args: argparse.Namespace, argv: list[str]) -> int:
+def _launch(args: argparse.Namespace, argv: list[str], out: str) -> int:
     """Re-run this command under torchrun with ``args.gpus`` local processes."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -132,15 +135,42 @@ def _launch(args: argparse.Namespace, argv: list[str]) -> int:
         rest.append(item)
     torchrun_args = ["--standalone", f"--nproc-per-node={args.gpus}", f"--max-restarts={args.max_restarts}",
                      "-m", "draftline", "train", *rest]
+    started = time.time()
     try:
         torchrun.main(torchrun_args)
     except ChildFailedError as exc:
-        first = next(iter(exc.failures.values()), None)
-        code = first.exitcode if first is not None else 1
-        print(f"draftline: the run failed (see the rank's message above; torchrun: {exc.name}, exit code {code})",
-              file=sys.stderr)
+        rank, first = exc.get_first_failure()
+        code = first.exitcode
+        culprit = _name_failed_rank(Path(out), rank, first, started)
+        print(f"draftline: the run failed: {culprit} (see the ranks' messages above)", file=sys.stderr)
         return code if code and code > 0 else 1
     return 0
+
+
+def _name_failed_rank(run_dir: Path, rank: int, failure, started: float) -> str:
+    """The first rank torchrun saw fail, named from its record in RUN_DIR/ranks (role, host, GPU, pid).
+
+    torchrun may notice a killed rank and stop the others before their watchdogs name it; then this
+    is the only place that can, so it also writes RUN_DIR/failure.json if no rank did.
+    """
+    how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+    name = f"rank {rank} (pid {failure.pid})"
+    record = run_dir / "ranks" / f"rank-{rank}.json"
+    try:
+        info = json.loads(record.read_text())
+        name = f"{info['role']} rank {rank} (host {info['host']}, {info['gpu']}, pid {info['pid']})"
+    except (OSError, ValueError, KeyError):
+        pass
+    message = f"{name} died ({how})"
+    failure_json = run_dir / "failure.json"
+    try:
+        written = json.loads(failure_json.read_text())["time"] >= started  # by a rank of this launch
+    except (OSError, ValueError, KeyError):
+        written = False
+    if run_dir.is_dir() and not written:
+        failure_json.write_text(json.dumps({"time": time.time(), "message": message, "step": None,
+                                            "checkpoint": None}, indent=2) + "\n")
+    return message
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,5 +180,5 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     validate(config)
     if args.gpus and args.gpus > 1 and "LOCAL_RANK" not in os.environ:
-        return _launch(args, list(getattr(args, "argv", sys.argv[2:])))
+        return _launch(args, list(getattr(args, "argv", sys.argv[2:])), config.out)
     return run_training(config)

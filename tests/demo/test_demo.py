@@ -1,0 +1,34 @@
+"""The built-in demo, shortened (same code path, less data): it trains a drafter that beats none."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_quick_demo_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run([sys.executable, "-m", "draftline", "demo", "--quick", "--out", str(out)],
+                            env=env, capture_output=True, text=True, timeout=1500)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    for stage in ("regenerate", "prepare", "train", "eval", "report"):
+        assert f"$ draftline {stage}" in result.stdout
+    summary = json.loads((out / "demo.json").read_text())
+    # Without a drafter tau is exactly 1 (an untrained one starts at ~1.0). This shortened run
+    # measured 1.35 on a 2-core CPU; the issue's 1.5 needs more training than CI's time allows
+    # (README "Demo results").
+    assert summary["tau"] > 1.25, summary
+    run = out / "run"
+    assert (run / "final" / "model.safetensors").is_file()
+    assert (run / "report" / "summary.md").is_file()
+    per_prompt = json.loads((out / "eval.json").read_text())["per_prompt"]
+    assert len(per_prompt) == 8 and all(sum(p["acceptance_lengths"]) > 0 for p in per_prompt)
+    starts = [json.loads(line) for line in (run / "starts.jsonl").read_text().splitlines()]
+    assert starts[-1]["topology"] == {"targets": 2, "drafters": 1, "colocated": False, "world_size": 3, "device": "cpu"}
