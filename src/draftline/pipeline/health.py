@@ -283,13 +283,16 @@ def wait_work(work, health: Health) -> float:
     return waited
 
 
-def queue_put(q, item, health: Health, poll_s: float = 0.05) -> float:
-    """``q.put(item)`` on a bounded queue, checking health while it is full; returns seconds blocked."""
+def queue_put(q, item, health: Health, poll_s: float = 0.05, check=None) -> float:
+    """``q.put(item)`` on a bounded queue, checking health (and ``check()``, which may raise, e.g.
+    the consumer thread's error) while it is full; returns seconds blocked."""
     import queue as queue_module
 
     start = time.perf_counter()
     while True:
         health.check()
+        if check is not None:
+            check()
         try:
             q.put(item, timeout=poll_s)
             return time.perf_counter() - start

@@ -121,11 +121,10 @@ class DistributedSender:
         self.thread.start()
 
     def put(self, seq: int, features: torch.Tensor, batch: PackedBatch) -> float:
-        self._raise_if_failed()
-        return queue_put(self.outbox, (seq, features), self.health)
+        return queue_put(self.outbox, (seq, features), self.health, check=self._raise_if_failed)
 
     def finish(self) -> None:
-        self.outbox.put(None)
+        queue_put(self.outbox, None, self.health, check=self._raise_if_failed)
         while self.thread.is_alive():
             self._raise_if_failed()
             self.health.check()
