@@ -4,8 +4,9 @@
     python bench/multi_gpu.py failures --shape 8b --gpus 2          # kill a drafter, kill a target, resume
     python bench/multi_gpu.py both --shape tiny --gpus 2 --device cpu --budget 2048 --max-anchors 8  # the same code on CPU ranks (gloo)
 
-`splits` runs `draftline train --gpus N --targets T` for T = 1..N-1 (and the one-GPU colocated line
-as the per-GPU baseline) on a random target saved with save_pretrained and random packed data
+`splits` runs `draftline train --gpus N --targets T` for T = 1..N-1, `--gpus N --colocated` (a
+target and a drafter on every GPU, data-parallel drafters), and the one-GPU colocated line as the
+per-GPU baseline, on a random target saved with save_pretrained and random packed data
 (bench_line.line_inputs), and prints one table from each run's metrics.jsonl (steady state: the
 second half of the logged intervals): Ktok/s, Ktok/s per GPU against colocated, MFU, queue
 depths, waits per side, memory per GPU, and the hidden-state transfer (GB/s of the sends and the
@@ -84,10 +85,15 @@ def run_splits(args, work: Path) -> list[dict]:
     results = []
     layouts = [(1, None, "colocated")] if not args.no_colocated else []
     layouts += [(args.gpus, t, f"{t}t+{args.gpus - t}d") for t in range(1, args.gpus)]
+    layouts += [(args.gpus, "colocated", f"{args.gpus}x colocated")]
+    if args.layouts:
+        wanted = set(args.layouts.split(","))
+        layouts = [layout for layout in layouts if layout[2] in wanted]
     for gpus, targets, name in layouts:
-        out = work / f"run-{name}"
-        argv = train_args(work, out, args, gpus, targets, args.steps, "--from-scratch", "--save-every", "100000",
-                          "--q-hs", str(args.q_hs))
+        out = work / f"run-{name.replace(' ', '-')}"
+        extra = ["--colocated"] if targets == "colocated" else []
+        argv = train_args(work, out, args, gpus, None if extra else targets, args.steps, "--from-scratch",
+                          "--save-every", "100000", "--q-hs", str(args.q_hs), *extra, *args.extra)
         print(f"\n=== {name}: {' '.join(argv[2:])}", flush=True)
         start = time.time()
         try:
@@ -100,16 +106,16 @@ def run_splits(args, work: Path) -> list[dict]:
         print(json.dumps(row), flush=True)
     base = next((r for r in results if r["split"] == "colocated" and "per_gpu" in r), None)
     print(f"\n{args.shape}, token budget {args.budget}, {args.steps} steps per run (steady state: second half)")
-    print(f"{'split':10s} {'Ktok/s':>7s} {'/GPU':>6s} {'vs colo':>7s} {'MFU':>6s} {'t wait':>6s} {'d wait':>6s} "
+    print(f"{'split':12s} {'Ktok/s':>7s} {'/GPU':>6s} {'vs colo':>7s} {'MFU':>6s} {'t wait':>6s} {'d wait':>6s} "
           f"{'q_hs':>4s} {'GB/s':>6s} {'link':>5s}  memory GiB per rank")
     for r in results:
         if "per_gpu" not in r:
-            print(f"{r['split']:10s} failed: exit {r.get('exit')} {r.get('note', '')}")
+            print(f"{r['split']:12s} failed: exit {r.get('exit')} {r.get('note', '')}")
             continue
         rel = f"{r['per_gpu'] / base['per_gpu']:.0%}" if base else "-"
         gbs = f"{r['transfer_gb_s']:.1f}" if r.get("transfer_gb_s") else "-"
         busy = f"{r['link_busy']:.1%}" if r.get("link_busy") is not None else "-"
-        print(f"{r['split']:10s} {r['ktok_s']:7.2f} {r['per_gpu']:6.2f} {rel:>7s} {r['mfu']:6.1%} "
+        print(f"{r['split']:12s} {r['ktok_s']:7.2f} {r['per_gpu']:6.2f} {rel:>7s} {r['mfu']:6.1%} "
               f"{r['target_wait']:6.0%} {r['drafter_wait']:6.0%} {str(r['q_hs']):>4s} {gbs:>6s} {busy:>5s}  {r['mem_gib']}")
     return results
 
@@ -185,6 +191,9 @@ def main() -> int:
     parser.add_argument("--no-colocated", action="store_true", help="skip the one-GPU baseline")
     parser.add_argument("--workdir", help="keeps the random target and data (reused if present)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
+    parser.add_argument("--layouts", help="only these, comma-separated: colocated, 1t+1d, ..., '2x colocated'")
+    parser.add_argument("--victims", help="failures: only these roles, comma-separated (drafter,target)")
+    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more `draftline train` flags, last")
     args = parser.parse_args()
     if args.gpus < 2:
         parser.error("needs at least 2 GPUs (or --device cpu with --gpus >= 2)")
@@ -196,6 +205,8 @@ def main() -> int:
         # Ranks 0.. are drafters (rank 0 logs), targets follow: kill the last drafter and the last target.
         results["failures"] = []
         for victim, role in [(0, "drafter"), (args.gpus - 1, "target")]:
+            if args.victims and role not in args.victims.split(","):
+                continue
             try:
                 results["failures"].append(run_failure(args, work, victim, role, 1))
             except Exception as exc:  # noqa: BLE001 - recorded, the next case still runs

@@ -76,9 +76,10 @@ class OptimConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = off)."""
     grad_accum: int = 1
-    """Batches per optimizer step, over all drafters together."""
+    """Batches per optimizer step per drafter rank (a step trains grad_accum x drafters batches)."""
     global_batch_tokens: int | None = None
-    """Alternative to grad_accum: tokens per optimizer step; grad_accum = ceil(this / token_budget)."""
+    """Alternative to grad_accum: tokens per optimizer step over all drafters (rounded up to whole
+    batches, an equal number per drafter)."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (trials); the schedule still spans the whole run."""
     max_bad_steps: int = 20
@@ -91,6 +92,8 @@ class TopologyConfig:
     """Ranks running the target; with drafters, must add up to the world size. None = planned."""
     drafters: int | None = None
     """Ranks training the drafter."""
+    colocated: bool = False
+    """Every rank runs a target thread and a drafter (data-parallel drafters, no split)."""
     gpus: int | None = None
     """Launch this many local processes with torchrun (one per GPU); None = as launched."""
     q_pre: int = 8
@@ -286,8 +289,10 @@ def validate(config: TrainConfig) -> None:
     _positive(e.head_chunk_rows, "engine.head_chunk_rows")
 
 
-def grad_accum_batches(config: TrainConfig) -> int:
-    """Batches per optimizer step (over all drafters)."""
+def grad_accum_batches(config: TrainConfig, num_drafters: int = 1) -> int:
+    """Batches per optimizer step, over all drafters: ``grad_accum`` per drafter, or enough for
+    ``global_batch_tokens`` rounded up to a multiple of the drafters (each trains an equal share)."""
     if config.optim.global_batch_tokens:
-        return max(1, math.ceil(config.optim.global_batch_tokens / config.data.token_budget))
-    return config.optim.grad_accum
+        batches = max(1, math.ceil(config.optim.global_batch_tokens / config.data.token_budget))
+        return -(-batches // num_drafters) * num_drafters
+    return config.optim.grad_accum * num_drafters

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from draftline.errors import DraftlineError
-from draftline.pipeline.roles import assign_roles, producer_of, split
+from draftline.pipeline.roles import assign_roles, drafter_of, drafter_seqs, producer_of, split
 
 
 def test_one_process_is_colocated():
@@ -42,3 +42,21 @@ def test_split_from_work_share_and_bad_splits():
 
 def test_targets_take_batches_round_robin():
     assert [producer_of(s, 3) for s in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_colocated_ranks_each_run_both():
+    roles = assign_roles(3, *split(3, None, None, colocated=True), colocated=True)
+    assert [r.kind for r in roles] == ["colocated"] * 3
+    assert [r.index for r in roles] == [0, 1, 2] and roles[0].is_logging and not roles[2].is_logging
+    assert roles[0].drafter_ranks == [0, 1, 2] and roles[1].target_rank(1) == 1
+    with pytest.raises(DraftlineError, match="drop --targets"):
+        split(4, 2, None, colocated=True)
+
+
+def test_each_step_is_dealt_to_every_drafter():
+    # 6 batches per step, 3 drafters: each trains 2 of every step, so no drafter waits on another.
+    owners = [drafter_of(s, 6, 3) for s in range(12)]
+    assert owners == [0, 1, 2, 0, 1, 2] * 2
+    assert list(drafter_seqs(1, 6, 20, 6, 3)) == [7, 10, 13, 16, 19]
+    seqs = sorted(s for i in range(3) for s in drafter_seqs(i, 0, 14, 6, 3))
+    assert seqs == list(range(14))  # every batch exactly once

@@ -44,6 +44,7 @@ _FLAGS: dict[str, tuple[str, str, object]] = {
     "--max-steps": ("optim", "max_steps", int),
     "--targets": ("topology", "targets", int),
     "--drafters": ("topology", "drafters", int),
+    "--colocated": ("topology", "colocated", None),
     "--q-pre": ("topology", "q_pre", int),
     "--q-hs": ("topology", "q_hs", int),
     "--device": ("topology", "device", str),

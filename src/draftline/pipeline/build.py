@@ -63,7 +63,7 @@ class DataPlan:
         return self.dataset.packed_batch(self.schedule.sample_indices(seq), epoch, seq)
 
 
-def plan_data(config: TrainConfig, data_dir: Path) -> DataPlan:
+def plan_data(config: TrainConfig, data_dir: Path, num_drafters: int = 1) -> DataPlan:
     dataset = TokenDataset(data_dir)
     if len(dataset) == 0:
         raise DraftlineError(f"{data_dir}: the dataset has no samples")
@@ -78,7 +78,7 @@ def plan_data(config: TrainConfig, data_dir: Path) -> DataPlan:
         seed=config.data.seed, sort_window=config.data.sort_window,
     )
     schedule = BatchSchedule(batcher, config.data.epochs)
-    per_step = grad_accum_batches(config)
+    per_step = grad_accum_batches(config, num_drafters)
     total = steps_for(schedule.total_batches, per_step, config.optim.max_steps)
     return DataPlan(dataset, schedule, per_step, total, min(schedule.total_batches, total * per_step))
 

@@ -1,14 +1,20 @@
 """Role assignment: which rank runs the target and which trains the drafter.
 
 A pure function of the world size and the requested split, tested without a process group.
-Ranks ``0 .. D-1`` train the drafter, ``D .. D+T-1`` run the target; one rank alone does both
-(colocated). Rank 0, always a drafter, is the logging rank: it owns the run directory, prints the
-monitor, writes metrics and checkpoints.
+Ranks ``0 .. D-1`` train the drafter, ``D .. D+T-1`` run the target. Colocated, every rank does both
+(a target thread feeds the drafter of its own process): one rank alone, or N ranks with
+``--colocated``, whose drafters then train data-parallel. Rank 0, always a drafter, is the logging
+rank: it owns the run directory, prints the monitor, writes metrics and checkpoints.
+
+Which drafter trains which batch is fixed too: an optimizer step covers ``batches_per_step``
+consecutive batch numbers, dealt round robin to the drafters, so every drafter has the same share
+of every step and the drafters compute in parallel (``drafter_of``, ``drafter_seqs``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 from draftline.errors import DraftlineError
 
@@ -38,22 +44,31 @@ class Role:
         return self.is_drafter and self.index == 0
 
     def target_rank(self, target_index: int) -> int:
-        return self.num_drafters + target_index if self.kind != COLOCATED else 0
+        return self.num_drafters + target_index if self.kind != COLOCATED else target_index
 
     def drafter_rank(self, drafter_index: int) -> int:
-        return drafter_index if self.kind != COLOCATED else 0
+        return drafter_index
 
     @property
     def drafter_ranks(self) -> list[int]:
         return [self.drafter_rank(i) for i in range(self.num_drafters)]
 
 
-def split(world_size: int, targets: int | None, drafters: int | None, target_share: float | None = None) -> tuple[int, int]:
+def split(world_size: int, targets: int | None, drafters: int | None, target_share: float | None = None,
+          colocated: bool = False) -> tuple[int, int]:
     """(targets, drafters) for ``world_size`` ranks.
 
     Either count may be given (the other is the rest). With neither, ``target_share`` (the
     target's share of the work per sample, from the FLOP model) picks a balanced split.
+    ``colocated``: every rank runs both, so both counts are the world size.
     """
+    if colocated and world_size > 1:
+        if (targets or world_size) != world_size or (drafters or world_size) != world_size:
+            raise DraftlineError(
+                f"--colocated runs a target and a drafter on each of the {world_size} processes; "
+                f"drop --targets {targets} / --drafters {drafters}, or drop --colocated for a split"
+            )
+        return world_size, world_size
     if world_size == 1:
         if (targets or 1) != 1 or (drafters or 1) != 1:
             raise DraftlineError(
@@ -76,10 +91,10 @@ def split(world_size: int, targets: int | None, drafters: int | None, target_sha
     return targets, drafters
 
 
-def assign_roles(world_size: int, num_targets: int, num_drafters: int) -> list[Role]:
+def assign_roles(world_size: int, num_targets: int, num_drafters: int, colocated: bool = False) -> list[Role]:
     """One Role per rank."""
-    if world_size == 1:
-        return [Role(0, COLOCATED, 0, 1, 1)]
+    if world_size == 1 or colocated:
+        return [Role(i, COLOCATED, i, world_size, world_size) for i in range(world_size)]
     if num_targets + num_drafters != world_size:
         raise DraftlineError(f"{num_targets} targets + {num_drafters} drafters != world size {world_size}")
     roles = [Role(i, DRAFTER, i, num_targets, num_drafters) for i in range(num_drafters)]
@@ -90,3 +105,13 @@ def assign_roles(world_size: int, num_targets: int, num_drafters: int) -> list[R
 def producer_of(seq: int, num_targets: int) -> int:
     """Target index that computes batch ``seq``: targets take the sequence round robin."""
     return seq % num_targets
+
+
+def drafter_of(seq: int, batches_per_step: int, num_drafters: int) -> int:
+    """Drafter index that trains batch ``seq``: each step's batches are dealt round robin."""
+    return (seq % batches_per_step) % num_drafters
+
+
+def drafter_seqs(index: int, start_seq: int, end_seq: int, batches_per_step: int, num_drafters: int) -> Iterator[int]:
+    """The batch numbers drafter ``index`` trains, in order, from ``start_seq`` up to ``end_seq``."""
+    return (seq for seq in range(start_seq, end_seq) if drafter_of(seq, batches_per_step, num_drafters) == index)

@@ -45,7 +45,7 @@ from draftline.pipeline.drafter_worker import DrafterWorker, GradSync
 from draftline.pipeline.health import Health, RunAborted, describe_exception, local_rank_info
 from draftline.pipeline.monitor_loop import LineMonitor
 from draftline.pipeline.optim import build_optimizer, build_scheduler
-from draftline.pipeline.roles import Role, assign_roles, producer_of, split
+from draftline.pipeline.roles import Role, assign_roles, drafter_seqs, producer_of, split
 from draftline.pipeline.target_worker import Prefetcher, TargetWorker, run_target_thread
 from draftline.pipeline.transport import DistributedReceiver, DistributedSender, InProcessChannel, StoreClaims
 
@@ -123,7 +123,7 @@ class Line:
     def run(self) -> str:
         setup = self.setup()
         self._write_rank_info()
-        self.plan = plan = plan_data(self.config, Path(setup["data_dir"]))
+        self.plan = plan = plan_data(self.config, Path(setup["data_dir"]), self.role.num_drafters)
         start_step = setup["start_step"]
         start_seq = start_step * plan.batches_per_step
         self.start_step = start_step
@@ -140,6 +140,7 @@ class Line:
                              "peak_flops": self.monitor.peak.flops, "peak_source": self.monitor.peak.source})
 
         if self.role.kind == "colocated":
+            # The target thread computes exactly the batches this rank's drafter trains.
             channel = InProcessChannel(self.config.topology.q_hs, self.health)
             target_worker = self._target_worker(target, channel, start_seq)
             thread = run_target_thread(target_worker, self.health)
@@ -148,14 +149,14 @@ class Line:
             status = self._drafter_loop()
             thread.join(timeout=1.0)
             return status
-        claims = StoreClaims(self.store, start_seq, plan.end_seq)
         if self.role.is_target:
             capacity = max(1, -(-self.config.topology.q_hs // self.role.num_targets))
-            sender = DistributedSender(claims, capacity, self.health)
+            sender = DistributedSender(StoreClaims(self.store), capacity, self.health)
             self.target_worker = self._target_worker(target, sender, start_seq)
             self.target_worker.run()
             self.health.report_done()
             return "finished"
+        claims = StoreClaims(self.store, self._drafter_seqs(start_seq))
         self.worker.receiver = DistributedReceiver(
             claims, rank=self.env.rank,
             target_rank=lambda seq: self.role.target_rank(producer_of(seq, self.role.num_targets)),
@@ -163,6 +164,10 @@ class Line:
             dtype=self.dtype, health=self.health,
         )
         return self._drafter_loop()
+
+    def _drafter_seqs(self, start_seq: int):
+        plan = self.plan
+        return drafter_seqs(self.role.index, start_seq, plan.end_seq, plan.batches_per_step, self.role.num_drafters)
 
     def _write_rank_info(self) -> None:
         """RUN_DIR/ranks/rank-N.json: which process is which (role, host, GPU, pid), for operators."""
@@ -196,7 +201,7 @@ class Line:
     # ------------------------------------------------------------------ builders
     def _build_target(self) -> TargetFeatures:
         layer_ids = drafter_config(self.config).dflash_config["target_layer_ids"]
-        keep_all = self.role.kind == "colocated"  # the same copy decodes for evaluation
+        keep_all = self.role.kind == "colocated" and self.role.is_logging  # the same copy decodes for evaluation
         target = TargetFeatures(self.config.model.target, layer_ids, device=self.device, dtype=self.dtype,
                                 keep_all_layers=keep_all)
         self.health.watch(target.decoder.layers)
@@ -208,8 +213,11 @@ class Line:
 
     def _target_worker(self, target: TargetFeatures, sender, start_seq: int) -> TargetWorker:
         plan = self.plan
-        index = self.role.index if self.role.kind != "colocated" else 0
-        seqs = (b.seq for b in plan.schedule.batches(start_seq, index, self.role.num_targets) if b.seq < plan.end_seq)
+        if self.role.kind == "colocated":
+            seqs = self._drafter_seqs(start_seq)
+        else:
+            seqs = (b.seq for b in plan.schedule.batches(start_seq, self.role.index, self.role.num_targets)
+                    if b.seq < plan.end_seq)
         prefetcher = Prefetcher(seqs, plan.batch, self.config.topology.q_pre, self.health)
         shape = TargetShape.from_config(target.model.config)
 
@@ -253,6 +261,13 @@ class Line:
         if setup["checkpoint"]:
             state = load_checkpoint(setup["checkpoint"], drafter=drafter, optimizer=optimizer, scheduler=scheduler)
             start_step = state.step
+            per_step = self.plan.batches_per_step
+            if state.step and state.next_seq != state.step * per_step:
+                raise DraftlineError(
+                    f"{setup['checkpoint']}: trained with {state.next_seq // state.step} batches per optimizer step, "
+                    f"this run has {per_step} (--grad-accum per drafter x {self.role.num_drafters} drafter(s)): "
+                    "resume with the checkpoint's --grad-accum and number of drafters so the data continues where it stopped"
+                )
         elif group is not None:
             for p in drafter.parameters():  # every drafter starts from rank 0's weights
                 dist.broadcast(p.data, src=0, group=group)
@@ -481,8 +496,10 @@ def run_training(config: TrainConfig) -> int:
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=30),
                                 device_id=device if device.type == "cuda" else None)
         store = _job_store(rundir.restart_count())
-    num_targets, num_drafters = split(env.world_size, config.topology.targets, config.topology.drafters, _target_share(config))
-    role = assign_roles(env.world_size, num_targets, num_drafters)[env.rank]
+    colocated = config.topology.colocated
+    num_targets, num_drafters = split(env.world_size, config.topology.targets, config.topology.drafters,
+                                      None if colocated else _target_share(config), colocated=colocated)
+    role = assign_roles(env.world_size, num_targets, num_drafters, colocated=colocated)[env.rank]
     health = Health(local_rank_info(env.rank, role.kind, device), store, env.world_size,
                     timeout_s=config.topology.failure_timeout_s)
     health.shared_process = role.kind == "colocated"

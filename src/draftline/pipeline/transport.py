@@ -3,10 +3,11 @@
 - ``InProcessChannel``: one target thread and one drafter in the same process (colocated, one GPU
   or CPU). A bounded ``queue.Queue`` is the hidden-state queue.
 - ``StoreClaims`` + ``DistributedSender`` / ``DistributedReceiver``: targets and drafters are ranks
-  of one ``torch.distributed`` job. A drafter with room CLAIMS the next batch number from a counter
-  in the job's store (so faster drafters take more batches), then posts a receive from the target
-  that computes that number; the target, once the batch is computed, learns the claimant from the
-  store and sends the features GPU to GPU (NCCL; gloo on CPU). The hidden-state queue is the
+  of one ``torch.distributed`` job. A drafter with room CLAIMS its next batch number (each step's
+  batches are dealt round robin to the drafters, so they all compute in parallel) in the job's
+  store, then posts a receive from the target that computes that number; the target, once the
+  batch is computed, learns the claimant from the store and sends the features GPU to GPU (NCCL;
+  gloo on CPU). The hidden-state queue is the
   targets' outboxes: computed batches waiting for a claim, bounded, so targets feel back-pressure.
 
 Only the features travel: the drafter rebuilds batch ``seq`` (tokens, loss mask, documents) from
@@ -19,7 +20,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -81,16 +82,19 @@ class InProcessChannel:
 
 # --------------------------------------------------------------------------- distributed
 class StoreClaims:
-    """Batch numbers handed out in order from a counter in the job's store."""
+    """Who trains which batch, published in the job's store.
 
-    def __init__(self, store, start_seq: int, end_seq: int):
+    A drafter claims its own batch numbers (``seqs``, fixed by ``roles.drafter_seqs``) in order as
+    it has room; the target computing a batch looks up the claimant before sending.
+    """
+
+    def __init__(self, store, seqs: Iterable[int] = ()):
         self.store = store
-        self.start_seq = start_seq
-        self.end_seq = end_seq
+        self._seqs = iter(seqs)
 
     def claim(self, drafter_rank: int) -> int | None:
-        seq = self.start_seq + self.store.add("claims", 1) - 1
-        if seq >= self.end_seq:
+        seq = next(self._seqs, None)
+        if seq is None:
             return None
         self.store.set(f"claim/{seq}", str(drafter_rank))
         return seq

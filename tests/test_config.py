@@ -1,0 +1,29 @@
+"""Batches per optimizer step: --grad-accum is per drafter; a token target is shared out evenly."""
+
+from __future__ import annotations
+
+import argparse
+
+from draftline.commands.train import add_arguments, config_from_args
+from draftline.config import TrainConfig, grad_accum_batches
+
+
+def test_grad_accum_is_per_drafter():
+    config = TrainConfig()
+    config.optim.grad_accum = 2
+    assert [grad_accum_batches(config, d) for d in (1, 2, 7)] == [2, 4, 14]
+
+
+def test_global_batch_tokens_round_up_to_an_equal_share_per_drafter():
+    config = TrainConfig()
+    config.data.token_budget = 32768
+    config.optim.global_batch_tokens = 100_000  # 4 batches
+    assert [grad_accum_batches(config, d) for d in (1, 3, 5)] == [4, 6, 5]
+
+
+def test_colocated_flag_reaches_the_topology():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o", "--colocated"]))
+    assert config.topology.colocated is True
+    assert config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o"])).topology.colocated is False
