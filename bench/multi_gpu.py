@@ -7,8 +7,8 @@
 `splits` runs `draftline train --gpus N --targets T` for T = 1..N-1, `--gpus N --colocated` (a
 target and a drafter on every GPU, data-parallel drafters), and the one-GPU colocated line as the
 per-GPU baseline, on a random target saved with save_pretrained and random packed data
-(bench_line.line_inputs), and prints one table from each run's metrics.jsonl (steady state: the
-second half of the logged intervals): Ktok/s, Ktok/s per GPU against colocated, MFU, queue
+(bench_line.line_inputs), and prints one table from each run's metrics.jsonl (steady state: tokens
+trained over the second half of the logged intervals): Ktok/s, Ktok/s per GPU against colocated, MFU, queue
 depths, waits per side, memory per GPU, and the hidden-state transfer (GB/s of the sends and the
 share of the wall time the link was busy).
 
@@ -61,6 +61,13 @@ def summarize(out: Path, gpus: int, name: str) -> dict:
     last = train[len(train) // 2:]
     med = lambda key: statistics.median(r[key] for r in last)  # noqa: E731
     end = last[-1]
+    # Steady state from the cumulative token count over the second half (the monitor's 30 s rate
+    # window still holds warm-up time in short runs); FLOPs per token from the logged rates.
+    first = train[len(train) // 2 - 1] if len(train) > 1 else last[0]
+    span = end["elapsed_s"] - first["elapsed_s"]
+    ktok_s = (end["tokens"] - first["tokens"]) / span / 1e3 if span > 0 and end["tokens"] > first["tokens"] else med("ktok_s")
+    tflops = ktok_s * statistics.median(r["tflops"] / r["ktok_s"] for r in last)
+    mfu_value = tflops * statistics.median(r["mfu"] / r["tflops"] for r in last if r["tflops"])
     mem: dict[int, float] = {}
     for r in last:
         for g in r.get("gpus", []):
@@ -73,8 +80,8 @@ def summarize(out: Path, gpus: int, name: str) -> dict:
         num_targets = sum(1 for role in roles.values() if role == "t") or 1
         busy = transfer["send_s"] / (end["elapsed_s"] * num_targets)
     return {
-        "split": name, "gpus": gpus, "ktok_s": med("ktok_s"), "per_gpu": med("ktok_s") / gpus, "mfu": med("mfu"),
-        "tflops": med("tflops"), "q_pre": end.get("q_pre"), "q_hs": end.get("q_hs"),
+        "split": name, "gpus": gpus, "ktok_s": ktok_s, "per_gpu": ktok_s / gpus, "mfu": mfu_value,
+        "tflops": tflops, "monitor_ktok_s": med("ktok_s"), "steady_s": round(span, 1), "q_pre": end.get("q_pre"), "q_hs": end.get("q_hs"),
         "target_wait": med("target_wait"), "drafter_wait": med("drafter_wait"),
         "mem_gib": {f"{r}{roles.get(r, '?')}": round(v, 1) for r, v in sorted(mem.items())},
         "transfer_gb_s": transfer.get("gb_s"), "link_busy": busy, "sent_gb": transfer.get("sent_gb"),
