@@ -103,10 +103,7 @@ def run_splits(args, work: Path) -> list[dict]:
                           "--save-every", "100000", "--q-hs", str(args.q_hs), *extra, *args.extra)
         print(f"\n=== {name}: {' '.join(argv[2:])}", flush=True)
         start = time.time()
-        try:
-            code = subprocess.run(argv, timeout=args.timeout).returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
+        code = run_to_end(argv, args.timeout)
         row = summarize(out, gpus, name)
         row.update(exit=code, wall_s=round(time.time() - start))
         results.append(row)
@@ -125,6 +122,18 @@ def run_splits(args, work: Path) -> list[dict]:
         print(f"{r['split']:12s} {r['ktok_s']:7.2f} {r['per_gpu']:6.2f} {rel:>7s} {r['mfu']:6.1%} "
               f"{r['target_wait']:6.0%} {r['drafter_wait']:6.0%} {str(r['q_hs']):>4s} {gbs:>6s} {busy:>5s}  {r['mem_gib']}")
     return results
+
+
+def run_to_end(argv: list[str], timeout: float) -> int | str:
+    """Run a launcher; on timeout kill its whole process group (the ranks hold GPU memory)."""
+    proc = subprocess.Popen(argv, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        time.sleep(5)  # let the driver release the ranks' memory before the next run
+        return "timeout"
 
 
 def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen) -> None:

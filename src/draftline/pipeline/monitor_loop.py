@@ -115,11 +115,7 @@ class LineMonitor:
     def snapshot(self) -> LineStatus:
         targets, drafters = self._peers()
         # Target side: cumulative counters published by each target, turned into rates here.
-        total = {
-            "flops": sum(t.get("flops", 0.0) for t in targets),
-            "batches": sum(t.get("batches", 0) for t in targets),
-            "wait": sum(t.get("wait_drafters_s", 0.0) for t in targets),
-        }
+        total = _target_totals(targets)
         self.target_flops.add(total["flops"] - self._last_target["flops"])
         self.target_batches.add(total["batches"] - self._last_target["batches"])
         self.target_wait.add(total["wait"] - self._last_target["wait"])
@@ -195,6 +191,12 @@ class LineMonitor:
         return status
 
     def start(self) -> None:
+        # What the targets computed before the drafters began (warm-up, filling the queues) is not
+        # part of the first interval's rate.
+        targets, drafters = self._peers()
+        self._last_target = _target_totals(targets)
+        self._last_drafter_wait = sum(d.get("wait_s", 0.0) for d in drafters)
+
         def loop():
             while not self._stop.wait(self.interval_s):
                 try:
@@ -214,3 +216,11 @@ class LineMonitor:
         finally:
             if self.dashboard is not None:
                 self.dashboard.close()
+
+
+def _target_totals(targets: list[dict]) -> dict:
+    return {
+        "flops": sum(t.get("flops", 0.0) for t in targets),
+        "batches": sum(t.get("batches", 0) for t in targets),
+        "wait": sum(t.get("wait_drafters_s", 0.0) for t in targets),
+    }
