@@ -188,8 +188,13 @@ class Line:
         c = self.config
         print(f"draftline: {setup['mode']} run in {self.run_dir}"
               + (f" from {setup['checkpoint']} (step {setup['start_step']})" if setup["checkpoint"] else ""))
-        print(f"  topology: {self.role.num_targets} target(s) + {self.role.num_drafters} drafter(s)"
-              f"{' colocated on one device' if self.role.kind == 'colocated' else ''} ({self.device.type})")
+        if self.role.kind != "colocated":
+            layout = f"{self.role.num_targets} target(s) + {self.role.num_drafters} drafter(s)"
+        elif self.env.world_size == 1:
+            layout = "target and drafter colocated on one device"
+        else:
+            layout = f"{self.env.world_size} ranks, each a target and a drafter (colocated, data-parallel drafters)"
+        print(f"  topology: {layout} ({self.device.type})")
         print(f"  data: {len(plan.dataset)} samples, {int(plan.dataset.lengths.sum())} tokens, "
               f"{plan.schedule.total_batches} batches of <= {c.data.token_budget} tokens over {c.data.epochs} epoch(s)")
         print(f"  optimizer step: {plan.batches_per_step} batch(es); {plan.total_steps} steps"
