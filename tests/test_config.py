@@ -27,3 +27,18 @@ def test_colocated_flag_reaches_the_topology():
     config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o", "--colocated"]))
     assert config.topology.colocated is True
     assert config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o"])).topology.colocated is False
+
+
+def test_loss_gamma_flag_and_its_check():
+    import pytest
+
+    from draftline.config import validate
+    from draftline.errors import DraftlineError
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o", "--loss-gamma", "2"]))
+    assert config.optim.loss_gamma == 2.0
+    config.optim.loss_gamma = 0.0
+    with pytest.raises(DraftlineError, match="loss_gamma"):
+        validate(config)

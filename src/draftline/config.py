@@ -75,6 +75,8 @@ class OptimConfig:
     """AdamW betas."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = off)."""
+    loss_gamma: float | None = None
+    """Decay of the per-position loss weights exp(-(k-1)/gamma); None = the paper's for the block size."""
     grad_accum: int = 1
     """Batches per optimizer step per drafter rank (a step trains grad_accum x drafters batches)."""
     global_batch_tokens: int | None = None
@@ -264,6 +266,8 @@ def validate(config: TrainConfig) -> None:
     if not 0 <= o.min_lr_ratio <= 1:
         raise DraftlineError(f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio}")
     _positive(o.grad_accum, "optim.grad_accum (--grad-accum)")
+    if o.loss_gamma is not None:
+        _positive(o.loss_gamma, "optim.loss_gamma (--loss-gamma)")
     _positive(o.grad_clip, "optim.grad_clip (--grad-clip)", allow_zero=True)
     if o.max_steps is not None:
         _positive(o.max_steps, "optim.max_steps (--max-steps)")

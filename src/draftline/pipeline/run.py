@@ -249,7 +249,7 @@ class Line:
         else:
             embed, head = load_embedding_and_head(c.model.target, device=self.device, dtype=self.dtype)
         settings = ObjectiveSettings(max_anchors=c.data.max_anchors, head_chunk_rows=c.engine.head_chunk_rows,
-                                     attention=c.engine.attention, seed=c.data.seed)
+                                     attention=c.engine.attention, seed=c.data.seed, gamma=c.optim.loss_gamma)
         objective = DFlashObjective(drafter, embed, head, settings)
         optimizer = build_optimizer(drafter, c.optim)
         scheduler = build_scheduler(optimizer, c.optim, self.plan.total_steps)
