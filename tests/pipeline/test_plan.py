@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from draftline.cli import main
-from draftline.pipeline.plan import RoleRates, splits
+from draftline.pipeline.plan import RoleRates, colocated_rate, splits
 
 
 def test_best_split_balances_the_two_sides():
@@ -18,10 +18,17 @@ def test_best_split_balances_the_two_sides():
     assert by_split[(1, 5)].waiting_side == "drafters" and by_split[(1, 5)].samples_s == 10.0
 
 
+def test_colocated_matches_a_balanced_split_and_beats_an_unbalanced_one():
+    rates = RoleRates(target_samples_s=10.0, drafter_samples_s=5.0, source="test")
+    assert colocated_rate(6, rates) == pytest.approx(splits(6, rates)[0].samples_s)  # 2+4 balances exactly
+    assert splits(5, rates)[0].samples_s == 15.0  # 2+3: the drafters set the pace
+    assert colocated_rate(5, rates) == pytest.approx(5 / 0.3)
+
+
 def test_plan_command_estimates_and_measures(qwen3_target, line_data, capsys):
     assert main(["plan", "--target", str(qwen3_target), "--gpus", "8", "--draft-layers", "2"]) == 0
     out = capsys.readouterr().out
-    assert "recommended: --targets" in out and "FLOP model" in out
+    assert "recommended: --" in out and "FLOP model" in out and "colocated on every GPU" in out
     assert main(["plan", "--target", str(qwen3_target), "--data", str(line_data), "--gpus", "3", "--measure",
                  "--token-budget", "512", "--draft-layers", "1", "--block-size", "4", "--device", "cpu"]) == 0
     out = capsys.readouterr().out

@@ -17,7 +17,7 @@ from draftline.errors import DraftlineError
 from draftline.model.config import build_drafter_config
 from draftline.model.target import load_target_config
 from draftline.monitor.flops import DrafterShape, TargetShape, format_flops, resolve_peak
-from draftline.pipeline.plan import estimate_rates, measure_rates, per_sample_flops, splits
+from draftline.pipeline.plan import colocated_rate, estimate_rates, measure_rates, per_sample_flops, splits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,6 +103,23 @@ def run(args: argparse.Namespace) -> int:
         wait = "balanced" if s.waiting_side == "none" else f"{s.waiting_side} idle {s.waiting_share:.0%}"
         print(f"  {s.targets:>7} {s.drafters:>8} {s.samples_s:>10.2f} {s.samples_s * mean_len / 1e3:>8.1f}  {wait}")
     best = table[0]
-    print(f"\nrecommended: --targets {best.targets} --drafters {best.drafters} --token-budget {args.token_budget}"
-          f" (draftline train --gpus {num_gpus} ...)")
+    both = colocated_rate(num_gpus, rates)
+    print(f"  colocated on every GPU (--colocated): {both:.2f} samples/s, {both * mean_len / 1e3:.1f} Ktok/s")
+    fits = _colocated_fits(rates, device)
+    if fits is False:
+        print("  (target and drafter together exceed one GPU's memory at this budget: colocated is out)")
+    if fits is not False and both > best.samples_s * 1.02:
+        print(f"\nrecommended: --colocated --token-budget {args.token_budget} (draftline train --gpus {num_gpus} ...): "
+              f"no split balances the two sides here, and every GPU doing both jobs keeps them all busy")
+    else:
+        print(f"\nrecommended: --targets {best.targets} --drafters {best.drafters} --token-budget {args.token_budget}"
+              f" (draftline train --gpus {num_gpus} ...)")
     return 0
+
+
+def _colocated_fits(rates, device: torch.device) -> bool | None:
+    """Whether the measured target and drafter peaks fit one device together; None if unknown."""
+    if rates.target_peak_gib is None or rates.drafter_peak_gib is None or device.type != "cuda":
+        return None
+    capacity = torch.cuda.get_device_properties(device).total_memory / 2**30
+    return rates.target_peak_gib + rates.drafter_peak_gib <= capacity * 0.95

@@ -4,7 +4,8 @@ The two sides must move the same number of samples per second: with ``T`` target
 samples/s each and ``D`` drafter GPUs at ``r_d``, the line runs at ``min(T r_t, D r_d)`` and the
 faster side waits for the rest. ``estimate_rates`` gets ``r_t``/``r_d`` from the FLOP model at an
 assumed MFU (no GPU needed); ``measure_rates`` times the real roles on this device. ``splits``
-tabulates every split of ``N`` GPUs, best first.
+tabulates every split of ``N`` GPUs, best first; ``colocated_rate`` is the alternative of a target
+and a drafter on every GPU.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ def splits(num_gpus: int, rates: RoleRates) -> list[Split]:
             side, share = "drafters", 1 - produce / consume
         out.append(Split(targets, drafters, speed, side, share))
     return sorted(out, key=lambda s: -s.samples_s)
+
+
+def colocated_rate(num_gpus: int, rates: RoleRates) -> float:
+    """Samples/s with a target and a drafter on every GPU (``--colocated``): each GPU does both
+    jobs in turn. In this model it equals a perfectly balanced split and beats an unbalanced one;
+    what it costs instead is memory (both on one GPU) and the per-step gradient all-reduce."""
+    return num_gpus / (1.0 / rates.target_samples_s + 1.0 / rates.drafter_samples_s)
 
 
 def per_sample_flops(target_shape: TargetShape, drafter_shape: DrafterShape, lengths: np.ndarray,
