@@ -22,8 +22,8 @@ def test_quick_demo_end_to_end(tmp_path):
         assert f"$ draftline {stage}" in result.stdout
     summary = json.loads((out / "demo.json").read_text())
     # Without a drafter tau is exactly 1 (an untrained one starts at ~1.0). This shortened run
-    # measured 1.35 on a 2-core CPU; the 1.5 needs more training than CI's time allows
-    # (README "Demo results").
+    # measured 1.40 on a 2-core CPU; the 1.5 needs more data and training than CI's time
+    # allows (README "Demo results").
     assert summary["tau"] > 1.25, summary
     run = out / "run"
     assert (run / "final" / "model.safetensors").is_file()
