@@ -295,7 +295,8 @@ def validate(config: TrainConfig) -> None:
 
 def grad_accum_batches(config: TrainConfig, num_drafters: int = 1) -> int:
     """Batches per optimizer step, over all drafters: ``grad_accum`` per drafter, or enough for
-    ``global_batch_tokens`` rounded up to a multiple of the drafters (each trains an equal share)."""
+    ``global_batch_tokens`` rounded up to a multiple of the drafters. Always a multiple, so the
+    round robin of batch numbers gives every drafter an equal share of every step."""
     if config.optim.global_batch_tokens:
         batches = max(1, math.ceil(config.optim.global_batch_tokens / config.data.token_budget))
         return -(-batches // num_drafters) * num_drafters

@@ -6,15 +6,15 @@ Ranks ``0 .. D-1`` train the drafter, ``D .. D+T-1`` run the target. Colocated, 
 ``--colocated``, whose drafters then train data-parallel. Rank 0, always a drafter, is the logging
 rank: it owns the run directory, prints the monitor, writes metrics and checkpoints.
 
-Which drafter trains which batch is fixed too: an optimizer step covers ``batches_per_step``
-consecutive batch numbers, dealt round robin to the drafters, so every drafter has the same share
-of every step and the drafters compute in parallel (``drafter_of``, ``drafter_seqs``).
+Which rank handles which batch is fixed too: batch numbers go round robin (``producer_of``) to the
+targets, and the same way to the drafters. An optimizer step covers a multiple of the drafters'
+count of consecutive numbers (``config.grad_accum_batches``), so every drafter has the same share
+of every step and the drafters compute in parallel.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
 
 from draftline.errors import DraftlineError
 
@@ -102,16 +102,7 @@ def assign_roles(world_size: int, num_targets: int, num_drafters: int, colocated
     return roles
 
 
-def producer_of(seq: int, num_targets: int) -> int:
-    """Target index that computes batch ``seq``: targets take the sequence round robin."""
-    return seq % num_targets
+def producer_of(seq: int, count: int) -> int:
+    """Index of the target (or drafter) among ``count`` that handles batch ``seq``: round robin."""
+    return seq % count
 
-
-def drafter_of(seq: int, batches_per_step: int, num_drafters: int) -> int:
-    """Drafter index that trains batch ``seq``: each step's batches are dealt round robin."""
-    return (seq % batches_per_step) % num_drafters
-
-
-def drafter_seqs(index: int, start_seq: int, end_seq: int, batches_per_step: int, num_drafters: int) -> Iterator[int]:
-    """The batch numbers drafter ``index`` trains, in order, from ``start_seq`` up to ``end_seq``."""
-    return (seq for seq in range(start_seq, end_seq) if drafter_of(seq, batches_per_step, num_drafters) == index)

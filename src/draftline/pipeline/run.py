@@ -45,7 +45,7 @@ from draftline.pipeline.drafter_worker import DrafterWorker, GradSync
 from draftline.pipeline.health import Health, RunAborted, describe_exception, local_rank_info
 from draftline.pipeline.monitor_loop import LineMonitor
 from draftline.pipeline.optim import build_optimizer, build_scheduler
-from draftline.pipeline.roles import Role, assign_roles, drafter_seqs, producer_of, split
+from draftline.pipeline.roles import Role, assign_roles, producer_of, split
 from draftline.pipeline.target_worker import Prefetcher, TargetWorker, run_target_thread
 from draftline.pipeline.transport import DistributedReceiver, DistributedSender, InProcessChannel, StoreClaims
 
@@ -140,7 +140,6 @@ class Line:
                              "peak_flops": self.monitor.peak.flops, "peak_source": self.monitor.peak.source})
 
         if self.role.kind == "colocated":
-            # The target thread computes exactly the batches this rank's drafter trains.
             channel = InProcessChannel(self.config.topology.q_hs, self.health)
             target_worker = self._target_worker(target, channel, start_seq)
             thread = run_target_thread(target_worker, self.health)
@@ -156,7 +155,7 @@ class Line:
             self.target_worker.run()
             self.health.report_done()
             return "finished"
-        claims = StoreClaims(self.store, self._drafter_seqs(start_seq))
+        claims = StoreClaims(self.store, self._own_seqs(start_seq, self.role.num_drafters))
         self.worker.receiver = DistributedReceiver(
             claims, rank=self.env.rank,
             target_rank=lambda seq: self.role.target_rank(producer_of(seq, self.role.num_targets)),
@@ -165,9 +164,10 @@ class Line:
         )
         return self._drafter_loop()
 
-    def _drafter_seqs(self, start_seq: int):
+    def _own_seqs(self, start_seq: int, count: int):
+        """Batch numbers from ``start_seq`` this rank handles as one of ``count`` targets or drafters."""
         plan = self.plan
-        return drafter_seqs(self.role.index, start_seq, plan.end_seq, plan.batches_per_step, self.role.num_drafters)
+        return (b.seq for b in plan.schedule.batches(start_seq, self.role.index, count) if b.seq < plan.end_seq)
 
     def _write_rank_info(self) -> None:
         """RUN_DIR/ranks/rank-N.json: which process is which (role, host, GPU, pid), for operators."""
@@ -218,11 +218,9 @@ class Line:
 
     def _target_worker(self, target: TargetFeatures, sender, start_seq: int) -> TargetWorker:
         plan = self.plan
-        if self.role.kind == "colocated":
-            seqs = self._drafter_seqs(start_seq)
-        else:
-            seqs = (b.seq for b in plan.schedule.batches(start_seq, self.role.index, self.role.num_targets)
-                    if b.seq < plan.end_seq)
+        # Colocated, targets and drafters are the same ranks: the target thread computes exactly the
+        # batches its own drafter trains.
+        seqs = self._own_seqs(start_seq, self.role.num_targets)
         prefetcher = Prefetcher(seqs, plan.batch, self.config.topology.q_pre, self.health)
         shape = TargetShape.from_config(target.model.config)
 

@@ -84,7 +84,7 @@ class InProcessChannel:
 class StoreClaims:
     """Who trains which batch, published in the job's store.
 
-    A drafter claims its own batch numbers (``seqs``, fixed by ``roles.drafter_seqs``) in order as
+    A drafter claims its own batch numbers (``seqs``, round robin among the drafters) in order as
     it has room; the target computing a batch looks up the claimant before sending.
     """
 
