@@ -42,3 +42,19 @@ def test_loss_gamma_flag_and_its_check():
     config.optim.loss_gamma = 0.0
     with pytest.raises(DraftlineError, match="loss_gamma"):
         validate(config)
+
+
+def test_distill_flag_and_its_range():
+    import pytest
+
+    from draftline.config import validate
+    from draftline.errors import DraftlineError
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o", "--distill", "0.5"]))
+    assert config.optim.distill == 0.5
+    validate(config)
+    config.optim.distill = 1.5
+    with pytest.raises(DraftlineError, match=r"--distill\) must be in \[0, 1\]"):
+        validate(config)

@@ -77,6 +77,10 @@ class OptimConfig:
     """Clip the global gradient norm to this (0 = off)."""
     loss_gamma: float | None = None
     """Decay of the per-position loss weights exp(-(k-1)/gamma); None = the paper's for the block size."""
+    distill: float = 0.0
+    """Soft labels: weight of the target's own next-token distribution in each position's label
+    (0 = the data's tokens only, the DFlash recipe; 1 = the distribution only). Above 0 the target
+    runs all its layers and also sends its final hidden state."""
     grad_accum: int = 1
     """Batches per optimizer step per drafter rank (a step trains grad_accum x drafters batches)."""
     global_batch_tokens: int | None = None
@@ -268,6 +272,8 @@ def validate(config: TrainConfig) -> None:
     _positive(o.grad_accum, "optim.grad_accum (--grad-accum)")
     if o.loss_gamma is not None:
         _positive(o.loss_gamma, "optim.loss_gamma (--loss-gamma)")
+    if not 0.0 <= o.distill <= 1.0:
+        raise DraftlineError(f"optim.distill (--distill) must be in [0, 1], got {o.distill}")
     _positive(o.grad_clip, "optim.grad_clip (--grad-clip)", allow_zero=True)
     if o.max_steps is not None:
         _positive(o.max_steps, "optim.max_steps (--max-steps)")

@@ -71,3 +71,17 @@ def test_anchors_depend_on_seed_epoch_and_sample_id_only():
     next_epoch = PackedBatch.from_documents([a, b], sample_ids=[7, 8], epoch=3)
     assert sample_anchors(next_epoch, 10, seed=5).tolist() != x.tolist()
     assert sample_anchors(one, 10, seed=6).tolist() != x.tolist()
+
+
+def test_teacher_rows_are_the_tokens_that_predict_each_label():
+    """Soft labels read the target's output at p+k-1, the token just before the label, same document."""
+    doc0 = (list(range(10, 18)), [False, False, True, True, True, False, True, True])
+    doc1 = (list(range(50, 56)), [True] * 6)
+    batch = PackedBatch.from_documents([doc0, doc1])
+    blocks = build_blocks(batch, torch.tensor([3, 6, 9]), block_size=4, mask_token_id=MASK, gamma=4.0)
+    ids, docs = batch.input_ids, batch.doc_ids()
+    rows = blocks.teacher_rows
+    assert torch.equal(ids[rows + 1], blocks.labels)
+    assert torch.equal(docs[rows], docs[rows + 1])
+    anchors = torch.tensor([3, 6, 9])[blocks.label_rows // 4]
+    assert torch.all(rows >= anchors)  # never before the block's own anchor

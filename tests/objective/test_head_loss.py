@@ -41,3 +41,49 @@ def test_memory_grows_with_chunk_not_rows(monkeypatch):
     h = torch.randn(100, 4, requires_grad=True)
     chunked_head_loss(h, torch.randn(30, 4), torch.randint(0, 30, (100,)), torch.ones(100), chunk_rows=16)
     assert max(seen) == 16 and sum(seen) == 100
+
+
+@pytest.mark.parametrize("distill", [0.5, 1.0])
+@pytest.mark.parametrize("multiplier,softcap", [(1.0, None), (0.5, 3.0)])
+def test_soft_labels_equal_plain_and_torch_soft_cross_entropy(distill, multiplier, softcap):
+    """Soft labels: chunked == plain (value, gradient); plain == torch's CE with a probability target."""
+    torch.manual_seed(1)
+    h = torch.randn(11, 8, dtype=torch.float64, requires_grad=True)
+    teacher = torch.randn(11, 8, dtype=torch.float64)
+    w = torch.randn(40, 8, dtype=torch.float64)
+    labels = torch.randint(0, 40, (11,))
+    weights = torch.rand(11, dtype=torch.float64)
+    kw = dict(multiplier=multiplier, softcap=softcap, teacher=teacher, distill=distill)
+    loss, correct = chunked_head_loss(h, w, labels, weights, chunk_rows=4, **kw)
+    (grad,) = torch.autograd.grad(loss, h)
+    h2 = h.detach().clone().requires_grad_(True)
+    ref, ref_correct = plain_head_loss(h2, w, labels, weights, **kw)
+    (ref_grad,) = torch.autograd.grad(ref, h2)
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-6, atol=1e-8)
+    assert torch.equal(correct, ref_correct)
+
+    # Independent: the mixed label written out, one row at a time.
+    def logits_of(x):
+        z = (x @ w.t()) * multiplier
+        return torch.tanh(z / softcap) * softcap if softcap else z
+
+    expected = 0.0
+    for i in range(11):
+        p = torch.softmax(logits_of(teacher[i]), -1)
+        q = (1 - distill) * torch.nn.functional.one_hot(labels[i], 40).double() + distill * p
+        expected += weights[i] * -(q * torch.log_softmax(logits_of(h[i].detach()), -1)).sum()
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-9, atol=1e-9)
+
+
+def test_soft_labels_at_the_teacher_distribution_have_zero_gradient():
+    """distill=1 and the drafter's hidden equal to the teacher's: already optimal, gradient 0."""
+    torch.manual_seed(2)
+    teacher = torch.randn(6, 8)
+    h = teacher.clone().requires_grad_(True)
+    w = torch.randn(30, 8)
+    loss, _ = chunked_head_loss(h, w, torch.randint(0, 30, (6,)), torch.ones(6), teacher=teacher, distill=1.0)
+    (grad,) = torch.autograd.grad(loss, h)
+    assert grad.abs().max() < 1e-5
+    with pytest.raises(ValueError, match="teacher"):
+        chunked_head_loss(h, w, torch.zeros(6, dtype=torch.long), torch.ones(6), distill=0.5)

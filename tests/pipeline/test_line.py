@@ -130,3 +130,20 @@ def test_report_renders_from_a_real_run(colocated):
     assert {"loss.png", "throughput.png", "queues.png"} <= set(pngs)
     summary = (report / "summary.md").read_text()
     assert "colocated" in summary or "topology" in summary.lower()
+
+
+def test_soft_labels_through_the_line_match_the_single_process(qwen3_target, line_data, tmp_path):
+    """--distill: the target's final hidden state travels with the features (1 target + 1 drafter
+    on gloo) and gives the same losses as one process; soft labels change the loss."""
+    common = dict(max_steps=4, trace=True)
+    single, line, hard = tmp_path / "single", tmp_path / "line", tmp_path / "hard"
+    assert main(["train", *base_args(qwen3_target, line_data, single, distill=0.5, **common)]) == 0
+    result = run([*base_args(qwen3_target, line_data, line, distill=0.5, **common), "--gpus", "2", "--targets", "1"])
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert main(["train", *base_args(qwen3_target, line_data, hard, **common)]) == 0
+    reference, losses = step_losses(single), step_losses(line)
+    assert len(reference) == 4 and losses.keys() == reference.keys()
+    for step in reference:
+        assert losses[step] == pytest.approx(reference[step], rel=1e-4), step
+    # Soft labels change the loss from the same start.
+    assert reference[1] != pytest.approx(step_losses(hard)[1], rel=1e-3)

@@ -41,6 +41,7 @@ _FLAGS: dict[str, tuple[str, str, object]] = {
     "--grad-clip": ("optim", "grad_clip", float),
     "--grad-accum": ("optim", "grad_accum", int),
     "--loss-gamma": ("optim", "loss_gamma", float),
+    "--distill": ("optim", "distill", float),
     "--global-batch-tokens": ("optim", "global_batch_tokens", int),
     "--max-steps": ("optim", "max_steps", int),
     "--targets": ("topology", "targets", int),

@@ -109,13 +109,29 @@ class Stages:
             raise RuntimeError(f"`draftline {args[0]}` failed with exit code {result.returncode} (its output is above)")
 
 
-def run_demo(cfg: DemoConfig) -> dict:
-    """Run every stage; returns the final summary (tau, paths)."""
-    out = cfg.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    stages = Stages()
-    print(f"draftline demo: tiny target {TARGET}\n  everything goes to {out}")
+def train_args(cfg: DemoConfig, data: Path, run_dir: Path) -> list[str]:
+    """``draftline train`` arguments of the demo's run."""
+    return [
+        "train", "--target", str(TARGET), "--data", str(data), "--out", str(run_dir), "--from-scratch",
+        "--gpus", str(cfg.gpus), "--targets", str(cfg.gpus - 1), "--device", "cpu",
+        "--draft-layers", str(cfg.draft_layers), "--block-size", str(cfg.block_size), "--init-from-target",
+        "--target-layer-ids", cfg.target_layer_ids, "--loss-gamma", str(cfg.loss_gamma),
+        "--max-anchors", str(cfg.max_anchors), "--token-budget", str(cfg.token_budget), "--epochs", str(cfg.epochs),
+        "--lr", str(cfg.lr), "--warmup-ratio", "0.05", "--log-every", "10", "--save-every", "200",
+        "--eval-prompts", str(HELDOUT_PROMPTS), "--eval-num-prompts", "4", "--eval-max-new-tokens", "32",
+        "--seed", str(cfg.seed),
+    ]
 
+
+def eval_args(cfg: DemoConfig, run_dir: Path, eval_json: Path) -> list[str]:
+    """``draftline eval`` arguments: acceptance on the held-out prompts."""
+    return ["eval", "--target", str(TARGET), "--drafter", str(run_dir), "--prompts", str(HELDOUT_PROMPTS),
+            "--limit", str(cfg.eval_prompts), "--max-new-tokens", str(cfg.eval_max_new_tokens),
+            "--block-size", str(cfg.block_size), "--json", str(eval_json)]
+
+
+def make_data(cfg: DemoConfig, out: Path, stages: Stages) -> Path:
+    """Stages 1-3: conversations, the target's own replies, the packed dataset; returns its directory."""
     stages.header("conversations", "code-continuation chats from this machine's standard library")
     convs_path = out / "conversations.jsonl"
     convs = _conversations(cfg)
@@ -136,26 +152,25 @@ def run_demo(cfg: DemoConfig) -> dict:
     stages.command(["prepare", "--target", str(TARGET), "--input", str(regenerated), "--out", str(data),
                     "--max-length", str(cfg.token_budget), "--overwrite"])
     stages.finish("prepare")
+    return data
+
+
+def run_demo(cfg: DemoConfig) -> dict:
+    """Run every stage; returns the final summary (tau, paths)."""
+    out = cfg.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    stages = Stages()
+    print(f"draftline demo: tiny target {TARGET}\n  everything goes to {out}")
+    data = make_data(cfg, out, stages)
 
     stages.header("train", f"{cfg.gpus - 1} target ranks + 1 drafter rank on CPU (torchrun, gloo)")
     run_dir = out / "run"
-    stages.command([
-        "train", "--target", str(TARGET), "--data", str(data), "--out", str(run_dir), "--from-scratch",
-        "--gpus", str(cfg.gpus), "--targets", str(cfg.gpus - 1), "--device", "cpu",
-        "--draft-layers", str(cfg.draft_layers), "--block-size", str(cfg.block_size), "--init-from-target",
-        "--target-layer-ids", cfg.target_layer_ids, "--loss-gamma", str(cfg.loss_gamma),
-        "--max-anchors", str(cfg.max_anchors), "--token-budget", str(cfg.token_budget), "--epochs", str(cfg.epochs),
-        "--lr", str(cfg.lr), "--warmup-ratio", "0.05", "--log-every", "10", "--save-every", "200",
-        "--eval-prompts", str(HELDOUT_PROMPTS), "--eval-num-prompts", "4", "--eval-max-new-tokens", "32",
-        "--seed", str(cfg.seed),
-    ])
+    stages.command(train_args(cfg, data, run_dir))
     stages.finish("train")
 
     stages.header("eval", f"speculative decoding on {cfg.eval_prompts} held-out prompts, block size {cfg.block_size}")
     eval_json = out / "eval.json"
-    stages.command(["eval", "--target", str(TARGET), "--drafter", str(run_dir), "--prompts", str(HELDOUT_PROMPTS),
-                    "--limit", str(cfg.eval_prompts), "--max-new-tokens", str(cfg.eval_max_new_tokens),
-                    "--block-size", str(cfg.block_size), "--json", str(eval_json)])
+    stages.command(eval_args(cfg, run_dir, eval_json))
     stages.finish("eval")
 
     stages.header("report", "plots and a one-page summary of the run")

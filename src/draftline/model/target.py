@@ -2,7 +2,8 @@
 
 ``TargetFeatures`` loads a Hugging Face causal LM with only the decoder layers up to the deepest
 feature layer (the rest and the LM head are never run) and returns, for a packed batch, the
-concatenated outputs of the selected layers. Documents in a batch do not see each other: the
+concatenated outputs of the selected layers. With ``final_hidden`` (soft-label training) it runs
+every layer and appends the final-normed last hidden state, what the LM head reads. Documents in a batch do not see each other: the
 position ids restart at 0 for each one, which transformers turns into a per-document causal mask.
 """
 
@@ -78,6 +79,7 @@ class TargetFeatures:
         dtype: torch.dtype = torch.bfloat16,
         attn_implementation: str | None = None,
         keep_all_layers: bool = False,
+        final_hidden: bool = False,
     ):
         device = torch.device(device)
         self.layer_ids = list(layer_ids)
@@ -85,10 +87,9 @@ class TargetFeatures:
         num_layers = int(text_config(config).num_hidden_layers)
         if max(self.layer_ids) >= num_layers or min(self.layer_ids) < 0:
             raise DraftlineError(f"target_layer_ids {self.layer_ids} outside the target's {num_layers} layers")
-        # HF's hidden_states[L] (what inference code reads for the last layer) is after the final norm.
-        self._normed = {num_layers - 1} & set(self.layer_ids)
+        self._set_layers(num_layers, final_hidden)
         if not keep_all_layers:
-            config = _truncated_config(config, max(self.layer_ids) + 1)
+            config = _truncated_config(config, self.layers_run)
         attn = attn_implementation or default_attention(device)
         with _quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
@@ -97,17 +98,25 @@ class TargetFeatures:
         self._wrap(model.to(device), attn)
 
     @classmethod
-    def from_model(cls, model, layer_ids: list[int], *, keep_all_layers: bool = False) -> "TargetFeatures":
+    def from_model(cls, model, layer_ids: list[int], *, keep_all_layers: bool = False,
+                   final_hidden: bool = False) -> "TargetFeatures":
         """Wrap an in-memory causal LM (benchmarks, tests); drops the unused layers unless told not to."""
         self = cls.__new__(cls)
         self.layer_ids = list(layer_ids)
-        self._normed = {int(text_config(model.config).num_hidden_layers) - 1} & set(self.layer_ids)
+        self._set_layers(int(text_config(model.config).num_hidden_layers), final_hidden)
         if not keep_all_layers:
             decoder = model.get_decoder()
-            decoder.layers = decoder.layers[: max(self.layer_ids) + 1]
-            _truncated_config(model.config, max(self.layer_ids) + 1)
+            decoder.layers = decoder.layers[: self.layers_run]
+            _truncated_config(model.config, self.layers_run)
         self._wrap(model, model.config._attn_implementation)
         return self
+
+    def _set_layers(self, num_layers: int, final_hidden: bool) -> None:
+        # HF's hidden_states[L] (what inference code reads for the last layer) is after the final norm.
+        self._normed = {num_layers - 1}
+        self.final_hidden = final_hidden
+        self._outputs = self.layer_ids + ([num_layers - 1] if final_hidden else [])
+        self.layers_run = max(self._outputs) + 1
 
     def _wrap(self, model, attn: str) -> None:
         model.requires_grad_(False).eval()
@@ -117,8 +126,8 @@ class TargetFeatures:
         self.device = next(model.parameters()).device
         # Per thread: in the colocated mode another thread may decode with the same model (evaluation).
         self._local = threading.local()
-        self._deepest = max(self.layer_ids)
-        for layer_id in set(self.layer_ids):
+        self._deepest = max(self._outputs)
+        for layer_id in set(self._outputs):
             self.decoder.layers[layer_id].register_forward_hook(self._hook(layer_id))
 
     def _hook(self, layer_id: int):
@@ -135,6 +144,11 @@ class TargetFeatures:
     @property
     def hidden_size(self) -> int:
         return int(text_config(self.model.config).hidden_size)
+
+    @property
+    def feature_width(self) -> int:
+        """Columns of what ``__call__`` returns: K feature layers (+ the final hidden state)."""
+        return len(self._outputs) * self.hidden_size
 
     @torch.no_grad()  # not inference_mode: the drafter's autograd graph starts from these features
     def __call__(self, batch: PackedBatch) -> torch.Tensor:
@@ -155,7 +169,7 @@ class TargetFeatures:
         return captured
 
     def _fuse(self, captured: dict[int, torch.Tensor]) -> torch.Tensor:
-        parts = [self.decoder.norm(captured[i]) if i in self._normed else captured[i] for i in self.layer_ids]
+        parts = [self.decoder.norm(captured[i]) if i in self._normed else captured[i] for i in self._outputs]
         return torch.cat(parts, dim=-1)
 
     def _packed(self, batch: PackedBatch) -> torch.Tensor:

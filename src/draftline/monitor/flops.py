@@ -124,6 +124,8 @@ class DrafterShape:
     """Per layer: True for a sliding-window layer (causal in the block, window on keys)."""
     sliding_window: int | None = None
     """Window of the sliding layers, in positions."""
+    teacher_layers: int = 0
+    """Target layers run for soft labels (``--distill``: all of them); 0 = features only."""
 
     @classmethod
     def from_config(cls, config: Any) -> "DrafterShape":
@@ -147,8 +149,8 @@ class DrafterShape:
 
     @property
     def target_layers_run(self) -> int:
-        """How many target layers must run to produce this drafter's features."""
-        return max(self.target_layer_ids) + 1
+        """How many target layers must run to produce this drafter's features (and soft labels)."""
+        return max(max(self.target_layer_ids) + 1, self.teacher_layers)
 
 
 def _layer_linear_params(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int) -> int:

@@ -3,7 +3,8 @@
 Block of anchor p (docs/DFLASH.md): input ``[x_p, MASK x (B-1)]`` at positions ``p .. p+B-1``;
 slot k (1..B-1) is labelled with the data's own token ``x_{p+k}`` (same position: NOT shifted), kept
 only when ``loss_mask[p+k]`` is set and ``p+k`` is inside the document; slot 0 has no label. Weight
-of slot k: ``exp(-(k-1) / gamma)``.
+of slot k: ``exp(-(k-1) / gamma)``. The target predicted that label at token ``p+k-1``: its final
+hidden state there gives the soft label (``teacher_rows``).
 
 Everything here is built on the host from CPU tensors and moved to the device in one go.
 """
@@ -30,6 +31,7 @@ class BlockBatch:
     label_rows: torch.Tensor  # [M] int64, rows with a valid label
     labels: torch.Tensor  # [M] int64
     label_weights: torch.Tensor  # [M] float32
+    teacher_rows: torch.Tensor  # [M] int64, the token whose target output predicts each label
     num_anchors: int
     block_size: int
 
@@ -43,6 +45,7 @@ class BlockBatch:
             move(self.label_rows),
             move(self.labels),
             move(self.label_weights),
+            move(self.teacher_rows),
             self.num_anchors,
             self.block_size,
         )
@@ -66,6 +69,7 @@ class BlockBatch:
             pin(self.label_rows),
             pin(self.labels),
             pin(self.label_weights),
+            pin(self.teacher_rows),
             self.num_anchors,
             self.block_size,
         )
@@ -117,7 +121,8 @@ def build_blocks(
 
     flat_valid = valid.reshape(-1)
     label_rows = torch.nonzero(flat_valid, as_tuple=False).flatten()
-    labels = input_ids[safe_index.reshape(-1)[label_rows]]
+    label_tokens = safe_index.reshape(-1)[label_rows]
+    labels = input_ids[label_tokens]
     label_weights = weights.reshape(-1)[label_rows].contiguous()
 
     layout = BlockLayout(doc_of_token, pos_of_token, anchor_doc, anchor_pos, block_size)
@@ -129,6 +134,7 @@ def build_blocks(
         label_rows=label_rows,
         labels=labels,
         label_weights=label_weights,
+        teacher_rows=label_tokens - 1,
         num_anchors=num_anchors,
         block_size=block_size,
     )

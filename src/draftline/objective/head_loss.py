@@ -2,8 +2,12 @@
 
 ``[rows, vocab]`` logits for 8192 query rows per sample at a 152K-248K vocabulary are several GiB;
 here at most ``chunk_rows`` rows of logits exist at once. The gradient with respect to the hidden
-rows is computed in the same pass (softmax minus one-hot), so backward stores ``[rows, hidden]``,
-not logits. The head weight is frozen: no gradient for it.
+rows is computed in the same pass (softmax minus the label distribution), so backward stores
+``[rows, hidden]``, not logits. The head weight is frozen: no gradient for it.
+
+With ``teacher`` hidden rows (the target's final hidden state at the position that predicts each
+label) and ``distill`` = a in (0, 1], a row's label is the mix ``(1 - a) * one_hot(label) + a * p``,
+where ``p`` is the target's own next-token distribution through the same head: soft labels.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, soft
 
 class _ChunkedHeadLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, row_weights, chunk_rows, multiplier, softcap):
+    def forward(ctx, hidden, weight, labels, row_weights, chunk_rows, multiplier, softcap, teacher, distill):
         need_grad = ctx.needs_input_grad[0]
         rows = hidden.shape[0]
         loss = torch.zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
@@ -38,11 +42,18 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             w = row_weights[start:end].to(loss.dtype)
             lse = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(1, label[:, None]).squeeze(1)
+            soft = None
+            if teacher is not None:
+                soft = torch.softmax(_chunk_logits(teacher[start:end], weight, multiplier, softcap)[0], dim=-1)
+                picked = (1 - distill) * picked + distill * (soft * logits).sum(-1)
             loss = loss + ((lse - picked) * w).sum()
             correct[start:end] = logits.argmax(dim=-1) == label
             if need_grad:
                 grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place
-                grad.scatter_add_(1, label[:, None], -torch.ones_like(picked)[:, None])
+                one_hot = -(1 - distill) if soft is not None else -1.0
+                grad.scatter_add_(1, label[:, None], torch.full_like(picked, one_hot)[:, None])
+                if soft is not None:
+                    grad.sub_(soft.mul_(distill))
                 grad.mul_(w[:, None])
                 if tanh is not None:
                     grad.mul_(1 - tanh * tanh)
@@ -57,7 +68,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_correct):
         (grad_hidden,) = ctx.saved_tensors
         grad = None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype)
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
 
 def chunked_head_loss(
@@ -69,22 +80,41 @@ def chunked_head_loss(
     chunk_rows: int = 4096,
     multiplier: float = 1.0,
     softcap: float | None = None,
+    teacher: torch.Tensor | None = None,
+    distill: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum over rows of ``w * CE(logits, label)`` and the top-1 hit of each row.
 
     hidden [M, H] (after the drafter's final norm), head_weight [V, H] (frozen), labels [M],
-    row_weights [M]. Returns (loss_sum scalar fp32, correct [M] bool).
+    row_weights [M]; teacher [M, H] (the target's final-normed hidden state) when ``distill`` > 0.
+    Returns (loss_sum scalar fp32, correct [M] bool; correct is against the hard labels).
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    return _ChunkedHeadLoss.apply(hidden, head_weight, labels, row_weights, chunk_rows, multiplier, softcap)
+    if not 0.0 <= distill <= 1.0:
+        raise ValueError(f"distill must be in [0, 1], got {distill}")
+    if distill > 0 and teacher is None:
+        raise ValueError("distill > 0 needs the teacher's hidden rows")
+    teacher = teacher.detach() if distill > 0 else None
+    return _ChunkedHeadLoss.apply(hidden, head_weight, labels, row_weights, chunk_rows, multiplier, softcap,
+                                  teacher, float(distill))
 
 
-def plain_head_loss(hidden, head_weight, labels, row_weights, *, multiplier=1.0, softcap=None):
-    """The same quantity with full logits materialised; the reference for tests."""
+def _logits(hidden, head_weight, multiplier, softcap):
     logits = hidden.to(head_weight.dtype) @ head_weight.t()
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) * multiplier
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    ce = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+    return logits
+
+
+def plain_head_loss(hidden, head_weight, labels, row_weights, *, multiplier=1.0, softcap=None, teacher=None,
+                    distill=0.0):
+    """The same quantity with full logits materialised; the reference for tests."""
+    logits = _logits(hidden, head_weight, multiplier, softcap)
+    target = torch.nn.functional.one_hot(labels, logits.shape[-1]).to(logits.dtype)
+    if distill > 0:
+        soft = torch.softmax(_logits(teacher, head_weight, multiplier, softcap), dim=-1)
+        target = (1 - distill) * target + distill * soft
+    ce = torch.nn.functional.cross_entropy(logits, target, reduction="none")
     return (ce * row_weights.to(logits.dtype)).sum(), logits.argmax(-1) == labels

@@ -33,6 +33,9 @@ class ObjectiveSettings:
     attention: str = "auto"
     """'auto' (flex on GPU, dense on CPU), 'flex' or 'dense'."""
     seed: int = 0
+    distill: float = 0.0
+    """Weight of the target's own next-token distribution in each label (soft labels); above 0 the
+    features carry the target's final-normed hidden state as their last ``hidden_size`` columns."""
 
 
 class DFlashObjective:
@@ -85,6 +88,10 @@ class DFlashObjective:
 
     def forward(self, features: torch.Tensor, blocks: BlockBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(weighted loss sum, metrics vector) of one pass; both stay on the device."""
+        teacher = None
+        if self.settings.distill > 0:
+            width = self.head_weight.shape[1]
+            features, teacher = features[:, :-width], features[:, -width:][blocks.teacher_rows]
         if blocks.num_anchors == 0:
             zero = features.sum() * 0.0  # keeps the graph connected for a batch without anchors
             return zero, pass_metrics(zero, torch.zeros(0, dtype=torch.bool, device=features.device),
@@ -98,6 +105,8 @@ class DFlashObjective:
             chunk_rows=self.settings.head_chunk_rows,
             multiplier=self.logit_multiplier,
             softcap=self.softcap,
+            teacher=teacher,
+            distill=self.settings.distill,
         )
         metrics = pass_metrics(
             loss_sum.detach(), correct, blocks.label_rows, blocks.label_weights, blocks.num_anchors, self.block_size

@@ -75,7 +75,7 @@ def preflight_target(line, target) -> float:
     """Worst-case target batch; returns its transient peak (bytes above the resident model)."""
     config, device = line.config, line.device
     budget = config.data.token_budget
-    width = len(target.layer_ids) * target.hidden_size
+    width = target.feature_width
     outbox = max(1, -(-config.topology.q_hs // line.role.num_targets)) + 1
     vocab = target.embed_weight().shape[0]
     resident = float(torch.cuda.memory_allocated(device))
@@ -109,7 +109,7 @@ def preflight_drafter(line, objective, optimizer, target=None) -> None:
     drafter = objective.drafter
     block = drafter.block_size
     budget = config.data.token_budget
-    width = len(drafter.target_layer_ids) * drafter.config.hidden_size
+    width = line.feature_width
     colocated = target is not None
     extra = float(getattr(line, "target_preflight", 0.0)) if colocated else 0.0
     queued_batches = (config.topology.q_hs + 1) if colocated else 3  # queue (or receive prefetch) + the one in use

@@ -14,6 +14,7 @@ otherwise). It reads top to bottom:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -208,7 +209,7 @@ class Line:
         layer_ids = drafter_config(self.config).dflash_config["target_layer_ids"]
         keep_all = self.role.kind == "colocated" and self.role.is_logging  # the same copy decodes for evaluation
         target = TargetFeatures(self.config.model.target, layer_ids, device=self.device, dtype=self.dtype,
-                                keep_all_layers=keep_all)
+                                keep_all_layers=keep_all, final_hidden=self.config.optim.distill > 0)
         self.health.watch(target.decoder.layers)
         if self.config.engine.preflight and self.device.type == "cuda":
             from draftline.pipeline.preflight import preflight_target
@@ -236,18 +237,21 @@ class Line:
             self.health.set_stats(stats)
 
         return TargetWorker(features=target, prefetcher=prefetcher, sender=sender, health=self.health,
-                            shape=shape, layers_run=max(target.layer_ids) + 1, on_batch=publish)
+                            shape=shape, layers_run=target.layers_run, on_batch=publish)
 
     def _build_drafter(self, target: TargetFeatures | None, setup: dict) -> None:
         c = self.config
         drafter = build_drafter(c, self.device)
-        self.feature_width = len(drafter.target_layer_ids) * drafter.config.hidden_size
+        # With soft labels the target's final hidden state travels as the features' last columns.
+        teacher = 1 if c.optim.distill > 0 else 0
+        self.feature_width = (len(drafter.target_layer_ids) + teacher) * drafter.config.hidden_size
         if target is not None:
             embed, head = target.embed_weight(), target.head_weight()
         else:
             embed, head = load_embedding_and_head(c.model.target, device=self.device, dtype=self.dtype)
         settings = ObjectiveSettings(max_anchors=c.data.max_anchors, head_chunk_rows=c.engine.head_chunk_rows,
-                                     attention=c.engine.attention, seed=c.data.seed, gamma=c.optim.loss_gamma)
+                                     attention=c.engine.attention, seed=c.data.seed, gamma=c.optim.loss_gamma,
+                                     distill=c.optim.distill)
         objective = DFlashObjective(drafter, embed, head, settings)
         optimizer = build_optimizer(drafter, c.optim)
         scheduler = build_scheduler(optimizer, c.optim, self.plan.total_steps)
@@ -538,6 +542,8 @@ def _target_share(config: TrainConfig) -> float | None:
         drafter_cfg = drafter_config(config)
         target_shape = TargetShape.from_config(load_target_config(config.model.target))
         drafter_shape = DrafterShape.from_config(drafter_cfg)
+        if config.optim.distill > 0:
+            drafter_shape = dataclasses.replace(drafter_shape, teacher_layers=target_shape.num_layers)
         t = reference_target_flops(target_shape, drafter_shape.target_layers_run)
         d = reference_drafter_flops(drafter_shape, num_anchors=config.data.max_anchors)
         return t / (t + d)
