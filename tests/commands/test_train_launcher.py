@@ -33,3 +33,20 @@ def test_a_rank_report_from_this_launch_is_kept_an_old_one_replaced(tmp_path):
     message = _name_failed_rank(tmp_path, 2, _killed(1), started=started)
     assert message == "rank 2 (pid 1) died (killed by SIGKILL)"  # no rank record: what torchrun knows
     assert json.loads((tmp_path / "failure.json").read_text())["message"] == message
+
+
+def test_cpu_ranks_are_launched_with_sleeping_openmp_threads(monkeypatch):
+    """Several CPU ranks share the cores: spinning OpenMP threads would slow the busy rank down."""
+    import os
+
+    from draftline.commands.train import _cpu_launch_env
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    _cpu_launch_env("cpu")
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice stays
+    _cpu_launch_env("cpu")
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    _cpu_launch_env("cuda")
+    assert "OMP_WAIT_POLICY" not in os.environ
