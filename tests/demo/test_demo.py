@@ -21,14 +21,14 @@ def test_quick_demo_end_to_end(tmp_path):
     for stage in ("regenerate", "prepare", "train", "eval", "report"):
         assert f"$ draftline {stage}" in result.stdout
     summary = json.loads((out / "demo.json").read_text())
-    # Without a drafter tau is exactly 1 (an untrained one starts at ~1.0). This shortened run
-    # measured 1.40 on a 2-core CPU; the issue's 1.5 needs more data and training than CI's time
-    # allows (README "Demo results").
-    assert summary["tau"] > 1.25, summary
+    # Without a drafter tau is exactly 1 (an untrained one starts at ~1.0); the issue asks this
+    # shortened run to beat 1.5 (measured on 2 cores: README "Demo results").
+    print(f"quick demo: tau {summary['tau']:.3f} in {summary['minutes']:.1f} min")
+    assert summary["tau"] > 1.5, summary
     run = out / "run"
     assert (run / "final" / "model.safetensors").is_file()
     assert (run / "report" / "summary.md").is_file()
     per_prompt = json.loads((out / "eval.json").read_text())["per_prompt"]
-    assert len(per_prompt) == 8 and all(sum(p["acceptance_lengths"]) > 0 for p in per_prompt)
+    assert len(per_prompt) == 24 and all(sum(p["acceptance_lengths"]) > 0 for p in per_prompt)
     starts = [json.loads(line) for line in (run / "starts.jsonl").read_text().splitlines()]
     assert starts[-1]["topology"] == {"targets": 2, "drafters": 1, "colocated": False, "world_size": 3, "device": "cpu"}
