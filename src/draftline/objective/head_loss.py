@@ -50,8 +50,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             correct[start:end] = logits.argmax(dim=-1) == label
             if need_grad:
                 grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place
-                one_hot = -(1 - distill) if soft is not None else -1.0
-                grad.scatter_add_(1, label[:, None], torch.full_like(picked, one_hot)[:, None])
+                grad.scatter_add_(1, label[:, None], torch.full_like(picked, distill - 1.0)[:, None])  # - (1-a) one-hot
                 if soft is not None:
                     grad.sub_(soft.mul_(distill))
                 grad.mul_(w[:, None])
