@@ -43,10 +43,10 @@ def test_memory_grows_with_chunk_not_rows(monkeypatch):
     assert max(seen) == 16 and sum(seen) == 100
 
 
-@pytest.mark.parametrize("distill", [0.5, 1.0])
+@pytest.mark.parametrize("distill", [0.0, 0.5, 1.0])
 @pytest.mark.parametrize("multiplier,softcap", [(1.0, None), (0.5, 3.0)])
-def test_soft_labels_equal_plain_and_torch_soft_cross_entropy(distill, multiplier, softcap):
-    """Soft labels: chunked == plain (value, gradient); plain == torch's CE with a probability target."""
+def test_hard_and_soft_labels_equal_plain_and_a_row_by_row_formula(distill, multiplier, softcap):
+    """Soft labels (and hard, at 0): chunked == plain (value, gradient) == the mixed label row by row."""
     torch.manual_seed(1)
     h = torch.randn(11, 8, dtype=torch.float64, requires_grad=True)
     teacher = torch.randn(11, 8, dtype=torch.float64)

@@ -130,7 +130,7 @@ def _cpu_launch_env(device: str) -> None:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def _launch(args: argparse.Namespace, argv: list[str], out: str, device: str = "auto") -> int:
+def _launch(args: argparse.Namespace, argv: list[str], out: str, device: str) -> int:
     """Re-run this command under torchrun with ``args.gpus`` local processes."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -114,7 +114,6 @@ class TargetFeatures:
     def _set_layers(self, num_layers: int, final_hidden: bool) -> None:
         # HF's hidden_states[L] (what inference code reads for the last layer) is after the final norm.
         self._normed = {num_layers - 1}
-        self.final_hidden = final_hidden
         self._outputs = self.layer_ids + ([num_layers - 1] if final_hidden else [])
         self.layers_run = max(self._outputs) + 1
 

@@ -99,21 +99,13 @@ def chunked_head_loss(
                                   teacher, float(distill))
 
 
-def _logits(hidden, head_weight, multiplier, softcap):
-    logits = hidden.to(head_weight.dtype) @ head_weight.t()
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) * multiplier
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
-    return logits
-
-
 def plain_head_loss(hidden, head_weight, labels, row_weights, *, multiplier=1.0, softcap=None, teacher=None,
                     distill=0.0):
     """The same quantity with full logits materialised; the reference for tests."""
-    logits = _logits(hidden, head_weight, multiplier, softcap)
+    logits = _chunk_logits(hidden, head_weight, multiplier, softcap)[0]
     target = torch.nn.functional.one_hot(labels, logits.shape[-1]).to(logits.dtype)
     if distill > 0:
-        soft = torch.softmax(_logits(teacher, head_weight, multiplier, softcap), dim=-1)
+        soft = torch.softmax(_chunk_logits(teacher, head_weight, multiplier, softcap)[0], dim=-1)
         target = (1 - distill) * target + distill * soft
     ce = torch.nn.functional.cross_entropy(logits, target, reduction="none")
     return (ce * row_weights.to(logits.dtype)).sum(), logits.argmax(-1) == labels
