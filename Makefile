@@ -2,6 +2,7 @@
 # Each creates its own virtual environment in .venv on first use.
 PYTHON ?= python3
 # The CPU build of torch is enough for the demo and the tests; any torch>=2.11 runs draftline.
+# On GPU: pip install -e ".[gpu]", plus ".[hybrid]" (flash-linear-attention) for Qwen3.5/3.6 targets.
 TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin

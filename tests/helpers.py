@@ -56,3 +56,60 @@ def layout_for(lengths, anchors_per_doc, block):
     a_doc = torch.tensor([d for d, ps in enumerate(anchors_per_doc) for _ in ps])
     a_pos = torch.tensor([p for ps in anchors_per_doc for p in ps])
     return BlockLayout(doc, pos, a_doc, a_pos, block)
+
+
+# Qwen3.5-style hybrid and MoE targets: 8 layers = 2 x (3 Gated DeltaNet + 1 gated full attention).
+_HYBRID = dict(vocab_size=320, hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+               linear_value_head_dim=16, linear_conv_kernel_dim=4, max_position_embeddings=512,
+               initializer_range=0.2, tie_word_embeddings=False)
+_MOE = dict(moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+
+
+def make_qwen3_5_target(path, *, seed=0, **overrides):
+    """A tiny ``qwen3_5_text`` target (transformers' Qwen3_5ForCausalLM)."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(seed)
+    Qwen3_5ForCausalLM(Qwen3_5TextConfig(**{**_HYBRID, "intermediate_size": 128, **overrides})).float().save_pretrained(path)
+    return path
+
+
+def make_qwen3_5_moe_target(path, *, seed=0):
+    """A tiny ``qwen3_5_moe_text`` target: routed experts plus a shared expert."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    torch.manual_seed(seed)
+    config = Qwen3_5MoeTextConfig(**_HYBRID, **_MOE, shared_expert_intermediate_size=32)
+    Qwen3_5MoeForCausalLM(config).float().save_pretrained(path)
+    return path
+
+
+def make_qwen3_moe_target(path, *, seed=0):
+    """A tiny ``qwen3_moe`` target (full attention, routed experts)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                            initializer_range=0.2, **_MOE)
+    Qwen3MoeForCausalLM(config).float().save_pretrained(path)
+    return path
+
+
+def make_qwen3_5_vl_target(path, *, seed=0):
+    """A tiny vision-language checkpoint as Qwen3.5/3.6 ship: ``Qwen3_5ForConditionalGeneration``
+    (``text_config``; ``model.language_model.*``, ``model.visual.*``) plus ``mtp.*`` weights."""
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = Qwen3_5Config(text_config={**_HYBRID, "intermediate_size": 128},
+                           vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                              out_hidden_size=64))
+    Qwen3_5ForConditionalGeneration(config).float().save_pretrained(path)
+    weights = load_file(path / "model.safetensors")
+    weights["mtp.fc.weight"] = torch.randn(64, 128)
+    weights["mtp.layers.0.mlp.up_proj.weight"] = torch.randn(128, 64)
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    return path

@@ -61,3 +61,32 @@ def test_drafter_that_cannot_match_target(qwen3_target, llama_target):
     small = LlamaConfig(hidden_size=64, num_hidden_layers=3, vocab_size=320, num_attention_heads=4)
     with pytest.raises(DraftlineError, match="exceed the target's 3 layers"):
         check_matches_target(drafter, small)
+
+
+def _qwen3_6_27b_text_config():
+    """Qwen3.6-27B's text config (its shapes; nothing is allocated)."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
+        num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48,
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, max_position_embeddings=262144,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+    )
+
+
+def test_hybrid_target_defaults_follow_the_public_drafter():
+    """z-lab's Qwen3.6-27B-DFlash: 5 layers of the target's width, layers [1, 16, 31, 46, 61], block 16,
+    mask token 248070, sliding x4 + full with window 2048."""
+    config = build_drafter_config(_qwen3_6_27b_text_config())
+    assert config.hidden_size == 5120 and config.num_hidden_layers == 5 and config.block_size == 16
+    assert config.dflash_config == {"mask_token_id": 248070, "target_layer_ids": [1, 16, 31, 46, 61]}
+    assert config.layer_types == ["sliding_attention"] * 4 + ["full_attention"] and config.sliding_window == 2048
+    assert config.intermediate_size == 17408 and config.rope_parameters["rope_theta"] == 1e7
+    assert "partial_rotary_factor" not in config.rope_parameters  # the drafter rotates whole heads
+
+
+def test_moe_target_without_dense_width(qwen3_5_moe_target):
+    config = build_drafter_config(load_target_config(qwen3_5_moe_target), num_hidden_layers=2)
+    assert config.intermediate_size == 3 * config.hidden_size
+    assert config.layer_types == ["sliding_attention", "full_attention"]

@@ -14,15 +14,27 @@ from typing import Any
 from transformers import PretrainedConfig, Qwen3Config
 
 from draftline.errors import DraftlineError
+from draftline.model.linear_attention import is_hybrid
 
 # Fields copied from the target when the caller does not override them.
 _SIZE_FIELDS = (
     "num_attention_heads",
     "num_key_value_heads",
-    "intermediate_size",
     "rms_norm_eps",
     "max_position_embeddings",
 )
+
+# Rope fields of a target's attention that a Qwen3 drafter layer does not have (the drafter rotates
+# whole heads with one frequency set, as the public drafters for these targets do).
+_TARGET_ONLY_ROPE = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
+
+# Hybrid targets (Gated DeltaNet + full attention, Qwen3.5/3.6): the public DFlash drafter for them
+# (z-lab's Qwen3.6-27B-DFlash) runs sliding-window layers and a last full-attention layer.
+HYBRID_SLIDING_WINDOW = 2048
+
+# Mask tokens of known vocabularies: (model_type prefix, smallest vocab holding the token, token id).
+# Qwen3's padded vocabulary has <|MASK|> at 151669; Qwen3.5/3.6's 248320-row one at 248070.
+_MASK_TOKENS = (("qwen3_5", 248071, 248070), ("qwen3", 151670, 151669))
 
 # Loss decay per block size from the DFlash paper; other sizes use block_size / 2.
 _PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -64,7 +76,7 @@ def _rope_parameters(target: PretrainedConfig) -> dict[str, Any]:
         rope = dict(getattr(target, "rope_scaling", None) or {})
         rope.setdefault("rope_type", rope.pop("type", "default"))
         rope["rope_theta"] = getattr(target, "rope_theta", 10000.0)
-    rope = dict(rope)
+    rope = {k: v for k, v in rope.items() if k not in _TARGET_ONLY_ROPE}
     if "rope_type" not in rope:
         raise DraftlineError(
             "the target config's rope_parameters is per layer type, which the DFlash drafter "
@@ -86,9 +98,13 @@ def build_drafter_config(
 ) -> Qwen3Config:
     """The drafter config for ``target_config``; sizes default to the target's.
 
-    ``overrides`` sets any Qwen3Config field (heads, intermediate size, rope, ...) by name.
+    ``overrides`` sets any Qwen3Config field (heads, intermediate size, rope, ...) by name. MoE
+    targets without a dense ``intermediate_size`` get ``3 * hidden_size``. For a hybrid target
+    the default layers are sliding-window attention (window ``HYBRID_SLIDING_WINDOW``) with a last
+    full-attention layer, as in the public drafter for Qwen3.6-27B.
     """
     target = text_config(target_config)
+
     overrides = dict(overrides or {})
     num_target_layers = int(target.num_hidden_layers)
     hidden_size = int(target.hidden_size)
@@ -96,6 +112,9 @@ def build_drafter_config(
     head_dim = overrides.get("head_dim", getattr(target, "head_dim", None) or hidden_size // num_heads)
     if target_layer_ids is None:
         target_layer_ids = default_target_layer_ids(num_target_layers, num_hidden_layers)
+    if layer_types is None and is_hybrid(target) and num_hidden_layers > 1:
+        layer_types = ["sliding_attention"] * (num_hidden_layers - 1) + ["full_attention"]
+        sliding_window = sliding_window or HYBRID_SLIDING_WINDOW
     if layer_types is None:
         layer_types = ["full_attention"] * num_hidden_layers
     if mask_token_id is None:
@@ -103,6 +122,7 @@ def build_drafter_config(
     check_layer_types(list(layer_types), num_hidden_layers, sliding_window)
 
     fields: dict[str, Any] = {name: getattr(target, name) for name in _SIZE_FIELDS}
+    fields["intermediate_size"] = getattr(target, "intermediate_size", None) or 3 * hidden_size
     if fields["num_key_value_heads"] is None:
         fields["num_key_value_heads"] = num_heads
     fields.update(
@@ -140,12 +160,15 @@ def build_drafter_config(
 def default_mask_token_id(target: PretrainedConfig) -> int:
     """A row of the target's embedding to use as the mask token.
 
-    Qwen3's padded vocabulary has ``<|MASK|>`` at 151669. Elsewhere the caller should pass an id
-    (a reserved or padding token of the target's tokenizer); without one we take the last row.
+    Known vocabularies (``_MASK_TOKENS``): Qwen3's at 151669, Qwen3.5/3.6's at 248070. Elsewhere
+    the caller should pass an id (a reserved or padding token of the target's tokenizer); without
+    one we take the last row.
     """
     vocab_size = int(target.vocab_size)
-    if vocab_size > 151669 and getattr(target, "model_type", "").startswith("qwen3"):
-        return 151669
+    model_type = getattr(target, "model_type", "") or ""
+    for prefix, min_vocab, token in _MASK_TOKENS:
+        if model_type.startswith(prefix) and vocab_size >= min_vocab:
+            return token
     return vocab_size - 1
 
 

@@ -3,8 +3,14 @@
 ``TargetFeatures`` loads a Hugging Face causal LM with only the decoder layers up to the deepest
 feature layer (the rest and the LM head are never run) and returns, for a packed batch, the
 concatenated outputs of the selected layers. With ``final_hidden`` (soft-label training) it runs
-every layer and appends the final-normed last hidden state, what the LM head reads. Documents in a batch do not see each other: the
-position ids restart at 0 for each one, which transformers turns into a per-document causal mask.
+every layer and appends the final-normed last hidden state, what the LM head reads.
+
+Documents in a batch do not see each other. On GPU the batch runs as one packed row: attention
+layers get a block-sparse per-document causal mask (flex attention), and the Gated DeltaNet layers
+of hybrid targets (Qwen3.5/3.6) get the documents' boundaries (``model/linear_attention.py``). On
+CPU each document is a padded row of its own. A vision-language checkpoint
+(``*ForConditionalGeneration``) loads as its text model: the vision tower and MTP weights are
+never read into memory.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from draftline.data.batch import PackedBatch
 from draftline.errors import DraftlineError
+from draftline.model import linear_attention
 from draftline.model.config import text_config
 
 
@@ -58,9 +65,16 @@ class _StopForward(Exception):
     """Raised after the deepest feature layer: the layers after it (and the head) need not run."""
 
 
-def default_attention(device: torch.device) -> str:
-    # flex_attention handles packed documents block-sparsely on GPU; SDPA with a dense mask on CPU.
-    return "flex_attention" if device.type == "cuda" else "sdpa"
+_FLEX = ("flex_attention", linear_attention.PACKED_FLEX)
+
+
+def default_attention(device: torch.device, config: PretrainedConfig | None = None) -> str:
+    """flex attention (packed documents, block-sparse) on GPU; SDPA (one padded row per document) on CPU."""
+    if device.type != "cuda":
+        return "sdpa"
+    if config is not None and linear_attention.is_hybrid(text_config(config)):
+        return linear_attention.register_packed_flex()  # the hybrid classes refuse "flex_attention" by name
+    return "flex_attention"
 
 
 class TargetFeatures:
@@ -80,7 +94,9 @@ class TargetFeatures:
         attn_implementation: str | None = None,
         keep_all_layers: bool = False,
         final_hidden: bool = False,
+        packed: bool | None = None,
     ):
+        """``packed``: one packed row per batch (default: with flex attention, i.e. on GPU)."""
         device = torch.device(device)
         self.layer_ids = list(layer_ids)
         config = load_target_config(target_dir)
@@ -90,16 +106,18 @@ class TargetFeatures:
         self._set_layers(num_layers, final_hidden)
         if not keep_all_layers:
             config = _truncated_config(config, self.layers_run)
-        attn = attn_implementation or default_attention(device)
+        attn = attn_implementation or default_attention(device, config)
+        if attn == linear_attention.PACKED_FLEX:
+            linear_attention.register_packed_flex()
         with _quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
                 target_dir, config=config, dtype=dtype, attn_implementation=attn
             )
-        self._wrap(model.to(device), attn)
+        self._wrap(model.to(device), attn, packed)
 
     @classmethod
     def from_model(cls, model, layer_ids: list[int], *, keep_all_layers: bool = False,
-                   final_hidden: bool = False) -> "TargetFeatures":
+                   final_hidden: bool = False, packed: bool | None = None) -> "TargetFeatures":
         """Wrap an in-memory causal LM (benchmarks, tests); drops the unused layers unless told not to."""
         self = cls.__new__(cls)
         self.layer_ids = list(layer_ids)
@@ -108,7 +126,7 @@ class TargetFeatures:
             decoder = model.get_decoder()
             decoder.layers = decoder.layers[: self.layers_run]
             _truncated_config(model.config, self.layers_run)
-        self._wrap(model, model.config._attn_implementation)
+        self._wrap(model, model.config._attn_implementation, packed)
         return self
 
     def _set_layers(self, num_layers: int, final_hidden: bool) -> None:
@@ -117,10 +135,11 @@ class TargetFeatures:
         self._outputs = self.layer_ids + ([num_layers - 1] if final_hidden else [])
         self.layers_run = max(self._outputs) + 1
 
-    def _wrap(self, model, attn: str) -> None:
+    def _wrap(self, model, attn: str, packed: bool | None) -> None:
         model.requires_grad_(False).eval()
         self.model = model
         self.attn = attn
+        self.packed = attn in _FLEX if packed is None else packed
         self.decoder = model.get_decoder()
         self.device = next(model.parameters()).device
         # Per thread: in the colocated mode another thread may decode with the same model (evaluation).
@@ -128,6 +147,29 @@ class TargetFeatures:
         self._deepest = max(self._outputs)
         for layer_id in set(self._outputs):
             self.decoder.layers[layer_id].register_forward_hook(self._hook(layer_id))
+        self.hybrid = linear_attention.is_hybrid(text_config(model.config))
+        self._kernels = None
+        if self.hybrid and self.packed:
+            for layer in self.decoder.layers:
+                if hasattr(layer, "linear_attn"):
+                    self._pack_linear_attention(layer.linear_attn)
+            if self.device.type == "cuda":
+                self._kernels = linear_attention.fla_kernels()  # fail at load, naming the install command
+
+    def _pack_linear_attention(self, module: torch.nn.Module) -> None:
+        """In a packed feature pass the layer runs ``packed_forward``; otherwise its own forward."""
+        linear_attention.check_layer(module)
+        own_forward = module.forward
+
+        def forward(hidden_states, *args, **kwargs):
+            cu_seqlens = getattr(self._local, "cu_seqlens", None)
+            if cu_seqlens is None:
+                return own_forward(hidden_states, *args, **kwargs)
+            if self._kernels is None:
+                self._kernels = linear_attention.fla_kernels()
+            return linear_attention.packed_forward(module, hidden_states, cu_seqlens, self._kernels)
+
+        module.forward = forward
 
     def _hook(self, layer_id: int):
         def capture(_module, _inputs, output):
@@ -151,7 +193,7 @@ class TargetFeatures:
 
     @torch.no_grad()  # not inference_mode: the drafter's autograd graph starts from these features
     def __call__(self, batch: PackedBatch) -> torch.Tensor:
-        if self.attn == "flex_attention":
+        if self.packed:
             return self._packed(batch)
         return self._padded(batch)
 
@@ -172,13 +214,33 @@ class TargetFeatures:
         return torch.cat(parts, dim=-1)
 
     def _packed(self, batch: PackedBatch) -> torch.Tensor:
-        """One row, our block-sparse document-causal mask: no padding, no cross-document work (GPU)."""
-        from draftline.model.attention import document_causal_block_mask
+        """One row, a document-causal mask: no padding, no cross-document work (GPU).
 
+        flex attention gets our block-sparse mask; other implementations (CPU tests) a dense one.
+        Gated DeltaNet layers get the documents' ``cu_seqlens`` through ``self._local``.
+        """
         input_ids = batch.input_ids.to(self.device, non_blocking=True)[None]
         positions = batch.positions().to(self.device, non_blocking=True)[None]
-        mask = document_causal_block_mask(batch.doc_lengths, self.device)
-        return self._fuse(self._run(input_ids=input_ids, position_ids=positions, attention_mask=mask))[0]
+        mask = self._document_mask(batch.doc_lengths)
+        if not self.hybrid:
+            return self._fuse(self._run(input_ids=input_ids, position_ids=positions, attention_mask=mask))[0]
+        cu_seqlens = torch.zeros(batch.doc_lengths.numel() + 1, dtype=torch.int32)
+        torch.cumsum(batch.doc_lengths, 0, out=cu_seqlens[1:])
+        self._local.cu_seqlens = cu_seqlens.to(self.device, non_blocking=True)
+        try:
+            masks = {"full_attention": mask, "linear_attention": None}
+            return self._fuse(self._run(input_ids=input_ids, position_ids=positions, attention_mask=masks))[0]
+        finally:
+            self._local.cu_seqlens = None
+
+    def _document_mask(self, doc_lengths: torch.Tensor):
+        if self.attn in _FLEX:
+            from draftline.model.attention import document_causal_block_mask
+
+            return document_causal_block_mask(doc_lengths, self.device)
+        doc = torch.repeat_interleave(torch.arange(doc_lengths.numel()), doc_lengths.cpu()).to(self.device)
+        causal = torch.ones(doc.numel(), doc.numel(), dtype=torch.bool, device=self.device).tril()
+        return (causal & (doc[:, None] == doc[None, :]))[None, None]
 
     def _padded(self, batch: PackedBatch) -> torch.Tensor:
         """One padded row per document (SDPA, CPU): a packed row would cost a dense [T, T] mask."""
@@ -240,8 +302,21 @@ def load_embedding_and_head(
             tensor = f.get_tensor(name)
         return tensor.to(device=device, dtype=dtype or tensor.dtype)
 
-    if embed_name not in files:
-        raise DraftlineError(f"{target_dir}: the checkpoint has no {embed_name}")
-    embed = read(embed_name)
-    head = read(head_name) if head_name in files else embed  # tied embeddings
+    embed_file_name = _stored_name(embed_name, files)
+    if embed_file_name is None:
+        raise DraftlineError(f"{target_dir}: the checkpoint has no {embed_name} (nor a vision-language model's copy)")
+    embed = read(embed_file_name)
+    head_file_name = _stored_name(head_name, files) if head_name else None
+    head = read(head_file_name) if head_file_name else embed  # tied embeddings
     return embed, head
+
+
+def _stored_name(name: str, files: dict[str, Path]) -> str | None:
+    """``name`` as the checkpoint stores it: as is, or under a vision-language model's language model."""
+    candidates = [name]
+    if name.startswith("model."):
+        rest = name.removeprefix("model.")
+        candidates += [f"model.language_model.{rest}", f"language_model.model.{rest}"]
+    else:
+        candidates += [f"language_model.{name}"]
+    return next((c for c in candidates if c in files), None)

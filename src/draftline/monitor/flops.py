@@ -72,7 +72,7 @@ class TargetShape:
         heads = int(text.num_attention_heads)
         kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
-        intermediate = int(text.intermediate_size)
+        intermediate = int(getattr(text, "intermediate_size", None) or 0)
         experts_per_token = getattr(text, "num_experts_per_tok", None)
         moe_size = getattr(text, "moe_intermediate_size", None)
         if experts_per_token and moe_size:
