@@ -19,7 +19,7 @@ def _text(renderable) -> str:
 def test_panel_shows_the_numbers(busy_status):
     text = _text(render_panel(busy_status))
     for expected in ("step 1,234/10,000", "epoch 2/6", "ETA 1h02m", "20.2", "7.14", "312", "39.6%",
-                     "788 TFLOP/s", "known: development H200", "3/50 12/50", "0/20", "1.25 batches/s",
+                     "989 TFLOP/s", "spec dense bf16", "49.7% of ceiling", "788 TFLOP/s", "3/50 12/50", "0/20", "1.25 batches/s",
                      "wait 35%", "drafters wait 35% of the time", "2.3456", "0.412", "3.21", "6.00e-04",
                      "skipped 2", "82 71 60 --", "61.2/139.8 GiB", "97%", "drafter", "n/a"):
         assert expected in text, expected
@@ -32,7 +32,7 @@ def test_plain_mode_prints_one_line_per_update(busy_status):
     dashboard.update(dataclasses.replace(busy_status, step=1235))
     dashboard.close()
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("MFU against peak 788 TFLOP/s")  # the peak and its source, once
+    assert lines[0].startswith("MFU against peak 989 TFLOP/s")  # the peak and its source, once
     assert len(lines) == 3
     assert lines[1].startswith("step 1,234/10,000") and lines[2].startswith("step 1,235/10,000")
     for expected in ("20.2 Ktok/s", "MFU 39.6%", "q_hs 0/20", "drafters 1.10 b/s wait 35%", "loss 2.3456",

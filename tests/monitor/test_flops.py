@@ -1,7 +1,8 @@
-"""FLOP counter: hand-computed tiny cases, the dense mask's pair count, and docs/PERF.md's table."""
+"""FLOP counter: hand-computed tiny cases, the dense mask's pair count, the reference table, each layer kind."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -12,12 +13,15 @@ from transformers import Qwen3Config
 from draftline.model.attention import BlockLayout, dense_mask
 from draftline.model.config import build_drafter_config
 from draftline.monitor.flops import (
+    FULL,
+    SLIDING,
     DrafterShape,
     PeakFlops,
     TargetShape,
     attention_flops,
     drafter_flops,
     drafter_flops_breakdown,
+    gpu_spec,
     known_peak,
     linear_flops,
     measure_peak_flops,
@@ -28,10 +32,10 @@ from draftline.monitor.flops import (
     target_flops,
 )
 
-TINY_TARGET = TargetShape(hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
-                          num_layers=3, vocab_size=10)
-TINY_DRAFTER = DrafterShape(hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
-                            num_layers=2, vocab_size=10, target_layer_ids=(0, 1), block_size=4)
+TINY_TARGET = TargetShape.uniform(hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
+                                  num_layers=3, vocab_size=10)
+TINY_DRAFTER = DrafterShape.uniform(hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
+                                    num_layers=2, vocab_size=10, target_layer_ids=(0, 1), block_size=4)
 
 
 def test_linear_and_attention_rules():
@@ -81,7 +85,10 @@ def test_attention_pairs_match_the_dense_mask(sliding, window):
     context_pos = torch.cat([torch.arange(7), torch.arange(5)])
     anchor_doc, anchor_pos = torch.tensor([0, 0, 0, 1, 1]), torch.tensor([0, 2, 6, 1, 4])
     layout = BlockLayout(context_doc, context_pos, anchor_doc, anchor_pos, block_size=4)
-    shape = DrafterShape(8, 2, 1, 4, 16, 1, 10, (0,), block_size=4, sliding=(sliding,), sliding_window=window)
+    base = DrafterShape.uniform(hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
+                                num_layers=1, vocab_size=10, target_layer_ids=(0,), block_size=4)
+    layer = dataclasses.replace(base.layers[0], kind=SLIDING if sliding else FULL, window=window)
+    shape = dataclasses.replace(base, layers=(layer,))
     parts = drafter_flops_breakdown(shape, num_context_rows=12, anchor_positions=anchor_pos, num_labelled_rows=0)
     pairs = parts["attention"] / attention_flops(1, 2, 4, backward=True)
     assert pairs == int(dense_mask(layout, sliding=sliding, window=window).sum())
@@ -126,10 +133,19 @@ def test_mfu_arithmetic():
         mfu(1e12, 1.0, 0.0)
 
 
-def test_known_peak_and_sources():
-    assert known_peak("NVIDIA H200") == PeakFlops(788e12, known_peak("NVIDIA H200").source)
-    assert "known: development H200" in known_peak("NVIDIA H200").source
-    assert known_peak("NVIDIA H200 NVL") is None  # other power limit, other peak: measure it
+def test_known_peak_is_the_spec_with_the_measured_ceiling_beside_it():
+    h200 = known_peak("NVIDIA H200")
+    assert (h200.flops, h200.ceiling) == (989e12, 788e12) and "spec dense bf16" in h200.source
+    assert "matmul ceiling 788 TFLOP/s" in h200.describe()
+    assert h200.of_ceiling(0.5) == pytest.approx(0.5 * 989 / 788)
+    assert known_peak("NVIDIA H200 NVL").flops == 835e12 and known_peak("NVIDIA H200 NVL").ceiling is None
+    assert known_peak("NVIDIA H100 80GB HBM3").flops == 989e12  # SXM
+    assert known_peak("NVIDIA H100 PCIe").flops == 756e12
+    assert known_peak("NVIDIA A100-SXM4-80GB").flops == 312e12 and known_peak("NVIDIA B200").flops == 2250e12
+    assert gpu_spec("RTX PRO 6000") == gpu_spec("NVIDIA RTX PRO 6000 Blackwell Server Edition")
+    assert (gpu_spec("RTX PRO 6000").bf16_flops, gpu_spec("RTX PRO 6000").memory_gib) == (504e12, 96)
+    assert known_peak("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition") is None  # other clocks
+    assert known_peak("Some GPU") is None
     given = resolve_peak("cpu", override_flops=1e12)
     assert given.flops == 1e12 and "given" in given.describe()
 
@@ -147,3 +163,65 @@ def test_cuda_peak_is_measured():
     rate = measure_peak_flops("cuda", torch.bfloat16)
     assert rate > 1e12
     assert resolve_peak("cuda").flops > 1e12
+
+
+def _hybrid(**extra):
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(vocab_size=10, hidden_size=8, intermediate_size=16, num_hidden_layers=4,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=4, linear_num_key_heads=1,
+                             linear_num_value_heads=2, linear_key_head_dim=4, linear_value_head_dim=4,
+                             linear_conv_kernel_dim=3, **extra)
+
+
+def test_hybrid_layers_by_hand():
+    shape = TargetShape.from_config(_hybrid())
+    assert [layer.kind for layer in shape.layers] == ["linear_attention"] * 3 + ["full_attention"]
+    linear, full = shape.layers[0], shape.layers[3]
+    # Gated DeltaNet: qkv 8 -> 4+4+8, z 8 -> 8, a and b 8 -> 2 each, out 8 -> 8; SwiGLU 3 x 8 x 16.
+    assert linear.mixer_params == 8 * 16 + 8 * 8 + 2 * 8 * 2 + 8 * 8 and linear.mlp_params == 384
+    # Per token: weights, conv 2 x 3 taps x 16 channels, state 6 x dk x dv per value head.
+    per_token = 2 * (linear.mixer_params + 384) + 2 * 3 * 16 + 6 * 2 * 4 * 4
+    assert target_flops(shape, [5, 2], num_layers_run=1) == 7 * per_token
+    # Gated full attention: q_proj also yields the output gate (2 x heads x head_dim columns).
+    assert full.mixer_params == 8 * 16 + 2 * 8 * 4 + 8 * 8
+    attention = 4 * 2 * 4 * (15 + 3)  # causal pairs of a 5- and a 2-token document
+    assert target_flops(shape, [5, 2], 4) - target_flops(shape, [5, 2], 3) == 7 * 2 * (full.token_params) + attention
+
+
+def test_linear_attention_is_linear_in_length_full_attention_is_not():
+    shape = TargetShape.from_config(_hybrid())
+    linear_only = shape.with_layers_run(3)
+    assert target_flops(linear_only, [4000], 3) == 2 * target_flops(linear_only, [2000], 3)
+    assert target_flops(linear_only, [4000], 3) == target_flops(linear_only, [1000] * 4, 3)  # packing changes nothing
+    assert target_flops(shape, [4000], 4) > target_flops(shape, [1000] * 4, 4)  # the full layer is quadratic
+
+
+def test_moe_counts_the_active_experts_shared_expert_and_router():
+    from transformers import Qwen3_5MoeTextConfig, Qwen3MoeConfig
+
+    moe = Qwen3MoeConfig(hidden_size=8, intermediate_size=64, moe_intermediate_size=4, num_experts=6,
+                         num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=4, vocab_size=10, mlp_only_layers=[1])
+    layers = TargetShape.from_config(moe).layers
+    assert layers[0].mlp_params == 2 * 3 * 8 * 4 + 8 * 6  # two experts run, plus the router
+    assert layers[0].stored_mlp_params == 6 * 3 * 8 * 4 + 8 * 6  # all six sit in memory
+    assert layers[1].mlp_params == 3 * 8 * 64  # a dense layer (mlp_only_layers)
+    hybrid_moe = Qwen3_5MoeTextConfig(vocab_size=10, hidden_size=8, num_hidden_layers=4, num_attention_heads=2,
+                                      num_key_value_heads=1, head_dim=4, linear_num_key_heads=1,
+                                      linear_num_value_heads=2, linear_key_head_dim=4, linear_value_head_dim=4,
+                                      moe_intermediate_size=4, shared_expert_intermediate_size=12, num_experts=6,
+                                      num_experts_per_tok=2)
+    layer = TargetShape.from_config(hybrid_moe).layers[0]
+    assert layer.mlp_params == 2 * 3 * 8 * 4 + 8 * 6 + 3 * 8 * 12 + 8  # + the shared expert and its gate
+
+
+def test_sliding_target_layers_are_bounded_by_the_window():
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=4, vocab_size=10, sliding_window=4, use_sliding_window=True,
+                         layer_types=["sliding_attention", "full_attention"])
+    sliding = TargetShape.from_config(config).with_layers_run(1)
+    weights = 2 * sliding.layers[0].token_params
+    assert target_flops(sliding, [10], 1) == 10 * weights + 4 * 2 * 4 * (10 + 6 * 4)  # 1+2+3+4, then 4 each

@@ -90,6 +90,12 @@ def balance_advice(status: LineStatus) -> str:
     return f"balanced: targets wait {target:.0%}, drafters {drafter:.0%} of the time"
 
 
+def _mfu(status: LineStatus) -> str:
+    """MFU against the spec peak, and against the measured matmul ceiling when that is known."""
+    ceiling = status.mfu_ceiling
+    return _pct_1(status.mfu) + (f" ({_pct_1(ceiling)} of ceiling)" if ceiling == ceiling else "")
+
+
 def render_panel(status: LineStatus) -> Panel:
     """The status as one ``rich`` panel."""
     throughput = Table.grid(padding=(0, 2))
@@ -97,7 +103,7 @@ def render_panel(status: LineStatus) -> Panel:
         throughput.add_column(justify="right")
     throughput.add_row("Ktok/s", "samples/s", "TFLOP/s", "MFU", "trained on")
     throughput.add_row(_num(status.ktok_s, ".1f"), _num(status.samples_s, ".2f"), _num(status.tflops, ".0f"),
-                       _pct_1(status.mfu), f"{status.samples:,} samples, {status.tokens / 1e6:,.1f}M tokens")
+                       _mfu(status), f"{status.samples:,} samples, {status.tokens / 1e6:,.1f}M tokens")
     peak = Text(status.peak.describe() if status.peak is not None else "peak n/a: MFU unknown", style="dim")
 
     queues = Table.grid(padding=(0, 2))
@@ -152,7 +158,7 @@ def status_line(status: LineStatus) -> str:
     ) or "n/a"
     return (
         f"{_steps(status)} {_epoch(status)} | {_num(status.ktok_s, '.1f')} Ktok/s "
-        f"{_num(status.samples_s, '.2f')} samples/s {_num(status.tflops, '.0f')} TFLOP/s MFU {_pct_1(status.mfu)} | "
+        f"{_num(status.samples_s, '.2f')} samples/s {_num(status.tflops, '.0f')} TFLOP/s MFU {_mfu(status)} | "
         f"q_pre {_q_pre(status)} q_hs {_queue(status.q_hs, status.q_hs_capacity)} | "
         f"targets {_num(status.target_batches_s, '.2f')} b/s wait {_pct(status.target_wait)} | "
         f"drafters {_num(status.drafter_batches_s, '.2f')} b/s wait {_pct(status.drafter_wait)} | "

@@ -58,7 +58,7 @@ class LineStatus:
     tflops: float = _NaN
     """Counted model TFLOP/s of the whole line (targets + drafters), per docs/PERF.md."""
     mfu: float = _NaN
-    """``tflops`` over the peak of all GPUs in the line, 0..1."""
+    """``tflops`` over the spec peak of all GPUs in the line, 0..1 (``mfu_ceiling``: over the measured matmul rate)."""
 
     q_pre: list[int] = field(default_factory=list)
     """Ready token batches in each target's prefetch queue."""
@@ -90,6 +90,11 @@ class LineStatus:
     peak: PeakFlops | None = None
     """The per-GPU peak MFU is measured against, with its source."""
 
+    @property
+    def mfu_ceiling(self) -> float:
+        """``mfu`` against the measured matmul ceiling instead of the spec peak (NaN if unknown)."""
+        return self.peak.of_ceiling(self.mfu) if self.peak is not None else float("nan")
+
     def to_record(self) -> dict[str, Any]:
         """The ``kind: "train"`` line of metrics.jsonl."""
         return {
@@ -112,6 +117,7 @@ class LineStatus:
             "samples_s": self.samples_s,
             "tflops": self.tflops,
             "mfu": self.mfu,
+            "mfu_ceiling": self.mfu_ceiling,
             "q_pre": list(self.q_pre),
             "q_hs": self.q_hs,
             "target_wait": self.target_wait,
