@@ -224,7 +224,7 @@ class TargetFeatures:
         mask = self._document_mask(batch.doc_lengths)
         if not self.hybrid:
             return self._fuse(self._run(input_ids=input_ids, position_ids=positions, attention_mask=mask))[0]
-        cu_seqlens = torch.zeros(batch.doc_lengths.numel() + 1, dtype=torch.int32)
+        cu_seqlens = torch.zeros(batch.doc_lengths.numel() + 1, dtype=torch.long)
         torch.cumsum(batch.doc_lengths, 0, out=cu_seqlens[1:])
         self._local.cu_seqlens = cu_seqlens.to(self.device, non_blocking=True)
         try:
