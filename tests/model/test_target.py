@@ -25,3 +25,18 @@ def test_final_hidden_gives_the_targets_own_logits(qwen3_target):
         reference = torch.cat([model(torch.tensor([d])).logits[0] for d in docs])
     logits = feats[:, 2 * hidden :] @ teacher.head_weight().t()
     torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_target_config_is_read_once_and_handed_out_as_copies(qwen3_target, monkeypatch):
+    from transformers import AutoConfig
+
+    from draftline.model import target as target_module
+
+    target_module._read_config.cache_clear()
+    reads = []
+    real = AutoConfig.from_pretrained
+    monkeypatch.setattr(AutoConfig, "from_pretrained", lambda *a, **k: reads.append(a) or real(*a, **k))
+    first = target_module.load_target_config(qwen3_target)
+    first.num_hidden_layers = 1  # a caller truncating its copy
+    second = target_module.load_target_config(qwen3_target)
+    assert len(reads) == 1 and second.num_hidden_layers == 8

@@ -32,3 +32,21 @@ def test_llama_target_keeps_fresh_qk_norms(llama_target):
     copied = init_from_target(drafter, llama_target)
     assert any("q_proj" in c for c in copied) and not any("q_norm" in c for c in copied)
     assert torch.equal(drafter.layers[0].self_attn.q_norm.weight, torch.ones(config.head_dim))
+
+
+def test_hybrid_vision_language_target_copies_mlp_and_recentred_norms(qwen3_5_vl_target):
+    """Qwen3.5's top layers: a Gated DeltaNet (no attention to copy) and a gated full-attention layer (its
+    q_proj is twice as wide); MLPs copy, norms become 1 + w, names come from the language model."""
+    config = build_drafter_config(load_target_config(qwen3_5_vl_target), num_hidden_layers=2, block_size=4)
+    drafter = DFlashDrafter(config).float()
+    fresh_q = drafter.layers[1].self_attn.q_proj.weight.clone()
+    copied = init_from_target(drafter, qwen3_5_vl_target)
+    weights = load_file(qwen3_5_vl_target / "model.safetensors")
+    prefix = "model.language_model.layers"
+    torch.testing.assert_close(drafter.layers[0].mlp.up_proj.weight, weights[f"{prefix}.6.mlp.up_proj.weight"])
+    torch.testing.assert_close(drafter.layers[1].input_layernorm.weight,
+                               1 + weights[f"{prefix}.7.input_layernorm.weight"])
+    torch.testing.assert_close(drafter.norm.weight, 1 + weights["model.language_model.norm.weight"])
+    torch.testing.assert_close(drafter.layers[1].self_attn.k_proj.weight, weights[f"{prefix}.7.self_attn.k_proj.weight"])
+    assert torch.equal(drafter.layers[1].self_attn.q_proj.weight, fresh_q)  # gated q_proj: other shape
+    assert not any("layers.0.self_attn" in c for c in copied)  # layer 6 is linear attention

@@ -15,6 +15,9 @@ never read into memory.
 
 from __future__ import annotations
 
+import copy
+import functools
+import importlib.util
 import json
 import logging
 import threading
@@ -32,9 +35,17 @@ from draftline.model.config import text_config
 
 
 def load_target_config(target_dir: str | Path) -> PretrainedConfig:
+    """The target's config (a fresh copy each call: callers may change it); config.json is read once."""
     path = Path(target_dir)
-    if not (path / "config.json").is_file():
+    config_file = path / "config.json"
+    if not config_file.is_file():
         raise DraftlineError(f"{path}: no config.json; --target must be a Hugging Face model directory")
+    stat = config_file.stat()
+    return copy.deepcopy(_read_config(str(path.resolve()), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_config(path: str, _mtime_ns: int, _size: int) -> PretrainedConfig:
     return AutoConfig.from_pretrained(path)
 
 
@@ -100,6 +111,12 @@ class TargetFeatures:
         device = torch.device(device)
         self.layer_ids = list(layer_ids)
         config = load_target_config(target_dir)
+        if device.type == "cpu" and linear_attention.is_hybrid(text_config(config)) and importlib.util.find_spec("fla"):
+            raise DraftlineError(
+                f"{target_dir}: a hybrid target on CPU with flash-linear-attention installed: transformers then runs "
+                "its Gated DeltaNet layers with fla's GPU-only kernels. Run on a GPU, or uninstall "
+                "flash-linear-attention for a CPU run."
+            )
         num_layers = int(text_config(config).num_hidden_layers)
         if max(self.layer_ids) >= num_layers or min(self.layer_ids) < 0:
             raise DraftlineError(f"target_layer_ids {self.layer_ids} outside the target's {num_layers} layers")

@@ -6,6 +6,11 @@ frozen LM head expects hidden states at that scale); ``fc`` starts by passing th
 layer through unchanged. The drafter then begins as "the top of the target, attending to the
 target's own hidden states", which trains much faster than random weights when data is scarce
 (the built-in demo); at scale, measure both.
+
+Hybrid targets (Qwen3.5/3.6): their top layers are mostly Gated DeltaNet, so only what has the
+drafter's names and shapes is copied (MLP, norms); their RMSNorms store ``w - 1`` (the layer
+applies ``1 + w``), which becomes the drafter's plain ``w``. Vision-language checkpoints are read
+under their language model's names.
 """
 
 from __future__ import annotations
@@ -18,7 +23,23 @@ from transformers import AutoModelForCausalLM
 
 from draftline.errors import DraftlineError
 from draftline.model.drafter import DFlashDrafter
-from draftline.model.target import _quiet_transformers, _safetensors_index, load_target_config
+from draftline.model.target import _quiet_transformers, _safetensors_index, _stored_name, load_target_config
+
+# RMSNorm classes that scale by ``1 + weight`` (the stored weight is centred on zero).
+_ZERO_CENTRED_NORMS = ("Qwen3_5", "Qwen3Next", "Gemma")
+
+
+def _zero_centred(module: torch.nn.Module) -> bool:
+    name = type(module).__name__
+    return "RMSNorm" in name and name.startswith(_ZERO_CENTRED_NORMS)
+
+
+def _has(root: torch.nn.Module, name: str) -> bool:
+    try:
+        root.get_parameter(name)
+    except AttributeError:
+        return False
+    return True
 
 
 def _module_name(root: torch.nn.Module, module: torch.nn.Module) -> str:
@@ -44,17 +65,20 @@ def init_from_target(drafter: DFlashDrafter, target_dir: str | Path) -> list[str
     copied = []
 
     def read(name: str) -> torch.Tensor | None:
-        if name not in files:
+        stored = _stored_name(name, files)
+        if stored is None:
             return None
-        with safe_open(files[name], framework="pt", device="cpu") as f:
-            return f.get_tensor(name)
+        with safe_open(files[stored], framework="pt", device="cpu") as f:
+            tensor = f.get_tensor(stored)
+        owner = skeleton.get_submodule(name.rsplit(".", 1)[0])
+        return tensor.float() + 1.0 if _zero_centred(owner) else tensor
 
     for i, layer in enumerate(drafter.layers):
         source = _module_name(skeleton, decoder.layers[num_target - num_draft + i])
         for name, param in layer.named_parameters():
-            value = read(f"{source}.{name}")
+            value = read(f"{source}.{name}") if _has(skeleton, f"{source}.{name}") else None
             if value is None or tuple(value.shape) != tuple(param.shape):
-                continue  # e.g. q_norm/k_norm of a Llama target: keep the fresh init
+                continue  # e.g. q_norm/k_norm of a Llama target, a Gated DeltaNet layer: keep the fresh init
             param.copy_(value.to(param.dtype))
             copied.append(f"layers.{i}.{name} <- {source}.{name}")
     norm = read(f"{_module_name(skeleton, decoder.norm)}.weight")
