@@ -105,3 +105,26 @@ def test_export_command_from_a_checkpoint_dir(drafter, tmp_path, capsys):
     torch.testing.assert_close(loaded.fc.weight, drafter.fc.weight.bfloat16().float())
     assert "num_speculative_tokens\": 7" in capsys.readouterr().out
     assert main(["export", str(tmp_path / "nothing"), str(tmp_path / "out2")]) == 2
+
+
+def test_default_drafter_for_a_hybrid_target_loads_in_the_official_code(tmp_path):
+    """A Qwen3.5-style target's default drafter (sliding x(n-1) + full, window 2048, whole-head rope) is
+    written in a form the official DFlash loader takes, weights and layer types intact."""
+    from helpers import make_qwen3_5_target
+
+    dflash_model = pytest.importorskip("dflash.model")
+    target = make_qwen3_5_target(tmp_path / "target")
+    config = build_drafter_config(load_target_config(target), num_hidden_layers=3, block_size=16)
+    torch.manual_seed(0)
+    ours = DFlashDrafter(config).float()
+    save_drafter(ours, tmp_path / "drafter", dtype=torch.float32)
+    saved = json.loads((tmp_path / "drafter" / "config.json").read_text())
+    assert saved["layer_types"] == ["sliding_attention", "sliding_attention", "full_attention"]
+    assert saved["sliding_window"] == 2048 and saved["use_sliding_window"] is True
+    assert "partial_rotary_factor" not in saved["rope_parameters"]
+    assert saved["dflash_config"] == {"mask_token_id": 319, "target_layer_ids": [1, 3, 5]}
+    official = dflash_model.DFlashDraftModel.from_pretrained(tmp_path / "drafter", dtype=torch.float32)
+    assert list(official.config.layer_types) == saved["layer_types"] and official.config.sliding_window == 2048
+    official_state = official.state_dict()
+    for name, tensor in ours.state_dict().items():
+        torch.testing.assert_close(official_state[name], tensor)
