@@ -56,7 +56,7 @@ class LineStatus:
     samples_s: float = _NaN
     """Samples per second consumed by the drafters."""
     tflops: float = _NaN
-    """Counted model TFLOP/s of the whole line (targets + drafters), per docs/PERF.md."""
+    """Counted model TFLOP/s of the whole line (targets + drafters), per docs/FLOPS.md."""
     mfu: float = _NaN
     """``tflops`` over the spec peak of all GPUs in the line, 0..1 (``mfu_ceiling``: over the measured matmul rate)."""
 
