@@ -126,6 +126,10 @@ class TargetFeatures:
         attn = attn_implementation or default_attention(device, config)
         if attn == linear_attention.PACKED_FLEX:
             linear_attention.register_packed_flex()
+        if device.type == "cuda" and linear_attention.is_hybrid(text_config(config)) and (
+            attn in _FLEX if packed is None else packed
+        ):
+            linear_attention.fla_kernels()  # before reading the weights: name the install command at once
         with _quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
                 target_dir, config=config, dtype=dtype, attn_implementation=attn
