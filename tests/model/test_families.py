@@ -175,3 +175,13 @@ def test_two_training_steps_and_eval_through_the_cli(family, request, tmp_path):
     result = json.loads(out.read_text())
     entry = result["per_prompt"][0]
     assert len(entry["output_ids"]) == 5 + 10 and 1 <= result["tau"] <= 4
+
+
+@pytest.mark.parametrize("family", ["qwen3_target", "llama_target", "qwen3_moe_target"])
+def test_packed_row_equals_padded_rows(family, request):
+    """The packed path (one row, per-document mask: a dense one on CPU) equals one padded row per document."""
+    target_dir = request.getfixturevalue(family)
+    docs, batch = _batch([29, 3, 70, 16], seed=2)
+    packed = TargetFeatures(target_dir, [1, 3], dtype=torch.float32, packed=True)
+    padded = TargetFeatures(target_dir, [1, 3], dtype=torch.float32)
+    torch.testing.assert_close(packed(batch), padded(batch), rtol=1e-4, atol=1e-4)
