@@ -103,6 +103,16 @@ def measure_acceptance(
     return summarize_generations(generations, block_size)
 
 
+def eval_interval(eval_every: int | None, total_steps: int, evaluations: int = 10) -> int:
+    """Steps between in-training measurements: ``eval_every``, or (None) about ``evaluations`` per
+    run, so the monitor's measured tau follows training at a cost that does not grow with its length."""
+    if eval_every is not None:
+        if eval_every < 0:
+            raise ValueError(f"monitor.eval_every (--eval-every) must be >= 0, got {eval_every}")
+        return eval_every
+    return max(1, total_steps // evaluations) if total_steps > 0 else 0
+
+
 @contextmanager
 def decoding_attention(model: PreTrainedModel):
     """Run a target loaded with flex_attention (the feature pass's choice on GPU) on SDPA meanwhile.
