@@ -32,7 +32,7 @@ from draftline.checkpoint.export import save_drafter
 from draftline.checkpoint.state import TrainerState, load_checkpoint, save_checkpoint
 from draftline.config import TrainConfig, validate
 from draftline.errors import DraftlineError
-from draftline.evaluate.acceptance import eval_interval
+from draftline.evaluate.acceptance import eval_interval, evaluate_in_training
 from draftline.model.target import TargetFeatures, load_embedding_and_head
 from draftline.monitor.dashboard import Dashboard
 from draftline.monitor.flops import DrafterShape, TargetShape, reference_drafter_flops, reference_target_flops, resolve_peak
@@ -339,7 +339,7 @@ class Line:
             self.save_checkpoint()
         eval_every = eval_interval(self.config.monitor.eval_every, worker.total_steps)
         if eval_every and worker.step % eval_every == 0 and worker.step < worker.total_steps:
-            self.evaluate()
+            evaluate_in_training(self.evaluate, self.config.monitor)
 
     # ------------------------------------------------------------------ evaluation
     def _eval_prompts(self) -> list[list[int]]:
