@@ -133,6 +133,9 @@ def main() -> None:
     parser.add_argument("--eval-prompts", type=int, default=24)
     parser.add_argument("--eval-max-new-tokens", type=int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--eval-device", default="cpu",
+                        help="where the drafters are measured (cpu: as the demo's `draftline eval`, and it keeps "
+                             "a GPU shared by many sweep processes for training)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -165,19 +168,19 @@ def main() -> None:
             tf[v.name] = v.train_step(batch, features)
         if seq % 100 == 0:
             print(f"seed {args.seed} step {seq}/{plan.end_seq} {time.time() - start:.0f}s "
-                  + " ".join(f"{n}:{s['expected_acceptance']:.2f}" for n, s in tf.items()), flush=True)
+                  + " ".join(f"{n}:{s['tf_acceptance']:.2f}" for n, s in tf.items()), flush=True)
     train_s = time.time() - start
     del target
     full = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32, attn_implementation="sdpa")
-    full = full.to(device).eval()
+    full = full.to(args.eval_device).eval()
     prompts = read_prompts(str(HELDOUT_PROMPTS), str(TARGET), limit=args.eval_prompts)
     results = []
     for v in variants:
-        v.drafter.eval()
+        v.drafter.to(args.eval_device).eval()
         with torch.no_grad():
             summary = measure_acceptance(full, v.drafter, prompts, max_new_tokens=args.eval_max_new_tokens)
         row = {"variant": v.name, "seed": args.seed, "tau": summary["tau"],
-               "p": summary["acceptance_by_position"][:4], "tf_acceptance": tf[v.name]["expected_acceptance"],
+               "p": summary["acceptance_by_position"][:4], "tf_acceptance": tf[v.name]["tf_acceptance"],
                "train_acc": tf[v.name]["accuracy_by_position"][:4], "steps": plan.end_seq,
                "train_s": train_s, "change": {k: (None if isinstance(x, float) and not math.isfinite(x) else x)
                                               for k, x in VARIANTS[v.name].items()}}
