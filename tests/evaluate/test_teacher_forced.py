@@ -18,6 +18,8 @@ def test_chained_estimate_reproduces_decoding_block_by_block(trained_drafter, qw
     prompts = train_prompts + OTHER_PROMPTS
     generations = [speculative_generate(qwen3_model, drafter, p, max_new_tokens=30, block_size=drafter.block_size)
                    for p in prompts]
+    hooks = lambda: [dict(layer._forward_hooks) for layer in qwen3_model.get_decoder().layers]  # noqa: E731
+    hooks_before = hooks()
     # The decoded text is the target's greedy continuation: exactly the contexts teacher forcing sees.
     result = teacher_forced_acceptance(qwen3_model, drafter, [(g.output_ids, len(p)) for g, p in zip(generations, prompts)])
     measured = summarize([g.acceptance_lengths for g in generations], drafter.block_size)["tau"]
@@ -28,3 +30,4 @@ def test_chained_estimate_reproduces_decoding_block_by_block(trained_drafter, qw
     assert measured > 1.5  # the drafter is accepted often: the comparison is not between two 1.0s
     assert abs(result["chained"] - measured) <= 0.1 * measured, (result, measured)
     assert result["num_positions"] > result["num_blocks"] > 0
+    assert hooks() == hooks_before  # the model is left as it was

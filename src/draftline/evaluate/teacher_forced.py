@@ -65,16 +65,21 @@ def teacher_forced_acceptance(
         ids = list(ids)
         docs.append((ids, [i >= prompt_len for i in range(len(ids))]))
     batch = PackedBatch.from_documents(docs)
-    features = TargetFeatures.from_model(target_model, drafter.target_layer_ids, keep_all_layers=True)
+    layers = target_model.get_decoder().layers
+    hooks_before = [set(layer._forward_hooks) for layer in layers]
     embed = target_model.get_input_embeddings().weight
     head = target_model.get_output_embeddings().weight
     objective = DFlashObjective(drafter, embed, head, ObjectiveSettings(attention="dense"))
     was_training = drafter.training
     drafter.eval()
     try:
+        features = TargetFeatures.from_model(target_model, drafter.target_layer_ids, keep_all_layers=True)
         anchors, lengths = block_acceptance(features(batch), objective, batch)
     finally:
         drafter.train(was_training)
+        for layer, before in zip(layers, hooks_before):  # the feature hooks go: the model is left as it was
+            for key in set(layer._forward_hooks) - before:
+                del layer._forward_hooks[key]
     doc_of_anchor = batch.doc_ids()[anchors]
     chained = []
     for doc in range(batch.num_docs):

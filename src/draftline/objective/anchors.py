@@ -99,7 +99,7 @@ def chained_anchors(batch: PackedBatch, accept_lengths: torch.Tensor, max_anchor
         bounds = [0, *breaks.tolist(), eligible.numel()]
         chosen = []
         for lo, hi in zip(bounds[:-1], bounds[1:]):
-            chosen.append(eligible[lo:hi][chained_block_starts(lengths[lo:hi].clamp(max=hi - lo))])
+            chosen.append(eligible[lo:hi][chained_block_starts(lengths[lo:hi])])
         chosen = torch.cat(chosen)
         if chosen.numel() > max_anchors:
             generator.manual_seed(anchor_seed(seed, batch.epoch, sid))
