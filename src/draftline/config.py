@@ -136,8 +136,9 @@ class MonitorConfig:
     """Also log to Weights & Biases (needs `pip install wandb`)."""
     wandb_project: str = "draftline"
     """W&B project name."""
-    eval_every: int = 0
-    """Measure real acceptance every this many steps on held-out prompts (0 = only at the end)."""
+    eval_every: int | None = None
+    """Measure real acceptance (speculative decoding of held-out prompts: the monitor's tau) every
+    this many steps and at the end; None = about 10 times per run; 0 = only at the end."""
     eval_prompts: str | None = None
     """Prompts for that (JSONL); default: the dataset's held-out prompts."""
     eval_num_prompts: int = 8

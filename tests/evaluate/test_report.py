@@ -22,7 +22,7 @@ def train_record(step, t, **extra):
     record = {"kind": "train", "time": T0 + t, "elapsed_s": t, "step": step, "total_steps": 40, "epoch": 0,
               "samples": 10 * step, "tokens": 2800 * step, "loss": 5.0 / step, "accuracy": 0.05 * step ** 0.5,
               "accuracy_by_position": [0.6 - 0.07 * k + 0.005 * step for k in range(7)],
-              "expected_acceptance": 1 + 0.1 * step, "lr": 6e-4, "grad_norm": None, "ktok_s": 20.0 + step,
+              "tf_acceptance": 1 + 0.1 * step, "lr": 6e-4, "grad_norm": None, "ktok_s": 20.0 + step,
               "samples_s": 7.0, "tflops": 300.0, "mfu": 0.4, "q_pre": [3, 5], "q_hs": step % 4,
               "target_wait": 0.1, "drafter_wait": 0.02,
               "gpus": [{"rank": 0, "role": "target", "name": "H200", "mem_used_gib": 60 + step, "mem_total_gib": 140, "util": 0.9},
@@ -65,7 +65,8 @@ def test_report_from_a_resumed_gpu_run(tmp_path, capsys):
     assert str(tmp_path / "report" / "summary.md") in printed
     assert "| samples | 400 |" in summary and "| tokens | 112,000 |" in summary
     assert "| optimizer steps | 40 |" in summary
-    assert "| measured tau | 3.4 (step 40, 8 prompts) |" in summary
+    assert "| tau (measured: speculative decoding, held-out prompts) | 3.4 (step 40, 8 prompts) |" in summary
+    assert "| teacher-forced acceptance (uniform anchors; overstates tau) | 3 |" in summary
     assert "| wall time | 0:30:00 |" in summary  # 1000 s + 800 s, not the gap between them
     assert "| GPU-hours | 1.00 |" in summary  # 1800 s x 2 GPUs
     assert "fresh, resume" in summary and "world_size: 2" in summary and "block_size=8" in summary

@@ -14,7 +14,7 @@ def busy_status() -> LineStatus:
     return LineStatus(
         step=1234, total_steps=10000, epoch=1, num_epochs=6, samples=50000, tokens=141_300_000,
         loss=2.3456, accuracy=0.4123, accuracy_by_position=[0.82, 0.71, 0.6, float("nan")],
-        expected_acceptance=3.21, lr=6e-4, grad_norm=0.75, skipped_steps=2,
+        tau=1.87, tau_step=1200, tf_acceptance=3.21, lr=6e-4, grad_norm=0.75, skipped_steps=2,
         ktok_s=20.2, samples_s=7.14, tflops=312.0, mfu=0.396,
         q_pre=[3, 12], q_hs=0, target_wait=0.02, drafter_wait=0.35,
         target_batches_s=1.25, drafter_batches_s=1.1, eta_s=3725.0,

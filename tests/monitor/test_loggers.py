@@ -35,6 +35,8 @@ def test_flatten_scalars(busy_status):
     assert scalars["accuracy_by_position/1"] == 0.82  # block slots are numbered from 1
     assert scalars["gpus/0/util"] == 0.97 and "gpus/1/util" not in scalars
     assert "kind" not in scalars and "time" not in scalars and "step" not in scalars
+    # TensorBoard gets the measured tau and the teacher-forced figure under its own name.
+    assert scalars["tau"] == 1.87 and scalars["tf_acceptance"] == 3.21 and "tau_step" not in scalars
 
 
 def test_tensorboard_writes_an_event_file(tmp_path, busy_status):

@@ -46,7 +46,7 @@ def test_colocated_run_writes_everything(colocated, line_data):
     kinds = Counter(r["kind"] for r in records)
     assert kinds["start"] == 1 and kinds["end"] == 1 and kinds["train"] >= 1
     train = [r for r in records if r["kind"] == "train"][-1]
-    for field in ("ktok_s", "mfu", "q_pre", "q_hs", "loss", "accuracy_by_position", "expected_acceptance", "eta_s"):
+    for field in ("ktok_s", "mfu", "q_pre", "q_hs", "loss", "accuracy_by_position", "tf_acceptance", "tau", "eta_s"):
         assert field in train
     assert records[-1]["status"] == "finished"
     starts = read_jsonl(colocated / "starts.jsonl")

@@ -4,7 +4,7 @@
     │ throughput   Ktok/s  samples/s  TFLOP/s  MFU     (peak and its source)     │
     │ queues       q_pre per target, q_hs, batches/s and waiting per side        │
     │              -> which side waits and what to change                        │
-    │ training     loss, accuracy, tau, lr, grad norm, skipped; acc by slot      │
+    │ training     loss, accuracy, tau (measured), tf-acc, lr, grad, skipped     │
     │ GPUs         rank, role, name, memory used/total, utilisation              │
     └────────────────────────────────────────────────────────────────────────────┘
 """
@@ -120,8 +120,8 @@ def render_panel(status: LineStatus) -> Panel:
     training.add_column()
     training.add_row(
         "loss",
-        f"{_num(status.loss, '.4f')}   acc {_num(status.accuracy, '.3f')}   tau {_num(status.expected_acceptance, '.2f')}"
-        f"   lr {_num(status.lr, '.2e')}   grad {_num(status.grad_norm, '.3f')}   skipped {status.skipped_steps}",
+        f"{_num(status.loss, '.4f')}   acc {_num(status.accuracy, '.3f')}   {_tau(status)}"
+        f"   tf-acc {_num(status.tf_acceptance, '.2f')}   lr {_num(status.lr, '.2e')}   grad {_num(status.grad_norm, '.3f')}   skipped {status.skipped_steps}",
     )
     training.add_row("acc % by slot", _acc_row(status) or "n/a")
 
@@ -141,6 +141,13 @@ def render_panel(status: LineStatus) -> Panel:
         Text("GPUs", style="bold cyan"), gpus,
     )
     return Panel(body, title=title, title_align="left")
+
+
+def _tau(status: LineStatus) -> str:
+    """Measured tau with the step it is from; ``tf-acc`` beside it is the teacher-forced figure."""
+    if not _known(status.tau):
+        return "tau n/a (no eval yet)"
+    return f"tau {status.tau:.2f} (eval @{status.tau_step})" if status.tau_step is not None else f"tau {status.tau:.2f}"
 
 
 def _pct_1(value: float | None) -> str:
@@ -163,7 +170,7 @@ def status_line(status: LineStatus) -> str:
         f"targets {_num(status.target_batches_s, '.2f')} b/s wait {_pct(status.target_wait)} | "
         f"drafters {_num(status.drafter_batches_s, '.2f')} b/s wait {_pct(status.drafter_wait)} | "
         f"loss {_num(status.loss, '.4f')} acc {_num(status.accuracy, '.3f')} "
-        f"tau {_num(status.expected_acceptance, '.2f')} lr {_num(status.lr, '.2e')} "
+        f"{_tau(status)} tf-acc {_num(status.tf_acceptance, '.2f')} lr {_num(status.lr, '.2e')} "
         f"grad {_num(status.grad_norm, '.3f')} skipped {status.skipped_steps} | "
         f"acc% {_acc_row(status) or 'n/a'} | GPUs {gpus} | ETA {format_duration(status.eta_s)} | "
         f"{balance_advice(status)}"

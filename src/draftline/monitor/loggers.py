@@ -15,8 +15,8 @@ from draftline.errors import DraftlineError
 
 # Lists whose entries are numbered from 1: block slots 1..B-1 and committed lengths 1..B.
 _ONE_BASED_LISTS = {"accuracy_by_position", "acceptance_by_position", "acceptance_hist"}
-# Fields that describe a record rather than measure something.
-_NOT_SCALARS = {"kind", "time", "step"}
+# Fields that describe a record rather than measure something (tau_step: when the tau shown was measured).
+_NOT_SCALARS = {"kind", "time", "step", "tau_step"}
 
 
 class MetricsLogger(Protocol):

@@ -42,8 +42,15 @@ class LineStatus:
     """Top-1 accuracy over all labelled slots."""
     accuracy_by_position: list[float] = field(default_factory=list)
     """Top-1 accuracy of block slots 1..B-1."""
-    expected_acceptance: float = _NaN
-    """Acceptance length tau a greedy verifier would give on the training blocks."""
+    tau: float = _NaN
+    """Measured acceptance length: speculative decoding of held-out prompts by the drafter, at the
+    latest evaluation (``--eval-every``); NaN before the first."""
+    tau_step: int | None = None
+    """The step ``tau`` was measured at."""
+    tf_acceptance: float = _NaN
+    """Teacher-forced acceptance of the training blocks (uniformly drawn anchors) over the window:
+    what a greedy verifier would accept if blocks started at random positions. Decoding starts
+    them after rejections, so this reads well above ``tau``; use it for trends only."""
     lr: float = _NaN
     """Learning rate of the last step."""
     grad_norm: float = _NaN
@@ -109,7 +116,9 @@ class LineStatus:
             "loss": self.loss,
             "accuracy": self.accuracy,
             "accuracy_by_position": list(self.accuracy_by_position),
-            "expected_acceptance": self.expected_acceptance,
+            "tau": self.tau,
+            "tau_step": self.tau_step,
+            "tf_acceptance": self.tf_acceptance,
             "lr": self.lr,
             "grad_norm": self.grad_norm,
             "skipped_steps": self.skipped_steps,

@@ -47,7 +47,12 @@ def pass_metrics(
 
 
 def summarize(vector: torch.Tensor, block_size: int) -> dict:
-    """Host-side summary: loss (per unit weight), accuracy per slot, expected acceptance."""
+    """Host-side summary: loss (per unit weight), accuracy per slot, teacher-forced acceptance.
+
+    ``tf_acceptance`` is the mean of ``1 + sum_k prod_{i<=k} hit_i`` over the training blocks, whose
+    anchors are drawn uniformly. It is NOT what decoding gets: there every block starts right after
+    a rejection, where the drafter does worse; the measured ``tau`` (evaluation) is often far lower.
+    """
     v = vector.detach().double().cpu()  # syncs with the device: call at logging time only
     weight = float(v[WEIGHT_SUM])
     blocks = float(v[NUM_BLOCKS])
@@ -58,7 +63,7 @@ def summarize(vector: torch.Tensor, block_size: int) -> dict:
         "loss": float(v[LOSS_SUM]) / weight if weight > 0 else float("nan"),
         "accuracy": float(correct.sum() / count.sum()) if count.sum() > 0 else float("nan"),
         "accuracy_by_position": acc,
-        "expected_acceptance": float(v[ACCEPT_SUM]) / blocks if blocks > 0 else float("nan"),
+        "tf_acceptance": float(v[ACCEPT_SUM]) / blocks if blocks > 0 else float("nan"),
         "num_blocks": int(blocks),
         "num_labels": int(v[NUM_LABELS]),
         "weight_sum": weight,

@@ -75,6 +75,7 @@ class LineMonitor:
         self.grad_norm = float("nan")
         self.skipped = 0
         self.last_status: LineStatus | None = None
+        self.measured: dict = {}  # the latest evaluation record (real acceptance), set by the trainer
         self.transfer: dict = {"sent_gb": 0.0}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -152,7 +153,8 @@ class LineMonitor:
             loss=summary.get("loss", float("nan")),
             accuracy=summary.get("accuracy", float("nan")),
             accuracy_by_position=summary.get("accuracy_by_position", []),
-            expected_acceptance=summary.get("expected_acceptance", float("nan")),
+            tf_acceptance=summary.get("tf_acceptance", float("nan")),
+            tau=self.measured.get("tau", float("nan")), tau_step=self.measured.get("step"),
             lr=self.lr,
             grad_norm=self.grad_norm,
             skipped_steps=self.skipped,

@@ -32,6 +32,7 @@ from draftline.checkpoint.export import save_drafter
 from draftline.checkpoint.state import TrainerState, load_checkpoint, save_checkpoint
 from draftline.config import TrainConfig, validate
 from draftline.errors import DraftlineError
+from draftline.evaluate.acceptance import eval_interval, evaluate_in_training
 from draftline.model.target import TargetFeatures, load_embedding_and_head
 from draftline.monitor.dashboard import Dashboard
 from draftline.monitor.flops import DrafterShape, TargetShape, reference_drafter_flops, reference_target_flops, resolve_peak
@@ -336,9 +337,9 @@ class Line:
         due = (every and worker.step % every == 0) or (minutes and time.time() - self.last_save_time > minutes * 60)
         if due and worker.step < worker.total_steps:
             self.save_checkpoint()
-        eval_every = self.config.monitor.eval_every
+        eval_every = eval_interval(self.config.monitor.eval_every, worker.total_steps)
         if eval_every and worker.step % eval_every == 0 and worker.step < worker.total_steps:
-            self.evaluate()
+            evaluate_in_training(self.evaluate, self.config.monitor)
 
     # ------------------------------------------------------------------ evaluation
     def _eval_prompts(self) -> list[list[int]]:
@@ -380,6 +381,8 @@ class Line:
             drafter.train(was_training)
         summary.update(kind="eval", time=time.time(), step=self.worker.step, seconds=time.time() - start)
         self.logger.log(summary)
+        if self.monitor is not None:
+            self.monitor.measured = summary
         print(f"draftline: step {self.worker.step}: acceptance tau {summary['tau']:.2f} on {summary['num_prompts']} "
               f"held-out prompts ({summary['seconds']:.1f} s)", flush=True)
         return summary
