@@ -24,6 +24,7 @@ from draftline.evaluate.sampling import Sampling
 from draftline.evaluate.speculative import Generation, speculative_generate
 from draftline.model.config import text_config
 from draftline.model.drafter import DFlashDrafter
+from draftline.model.linear_attention import PACKED_FLEX
 
 
 def summarize(acceptance_lengths: Iterable[Sequence[int]], block_size: int) -> dict:
@@ -134,12 +135,13 @@ def evaluate_in_training(evaluate, monitor_config) -> dict | None:
 
 @contextmanager
 def decoding_attention(model: PreTrainedModel):
-    """Run a target loaded with flex_attention (the feature pass's choice on GPU) on SDPA meanwhile.
+    """Run a target loaded with flex attention (the feature pass's choice on GPU: ``flex_attention``,
+    or ``draftline_flex`` for hybrid targets) on SDPA meanwhile.
 
     Decoding changes the key length every step; flex attention would compile for each new shape.
     """
     current = getattr(model.config, "_attn_implementation", None)
-    switch = current == "flex_attention" and hasattr(model, "set_attn_implementation")
+    switch = current in ("flex_attention", PACKED_FLEX) and hasattr(model, "set_attn_implementation")
     if switch:
         model.set_attn_implementation("sdpa")
     try:
