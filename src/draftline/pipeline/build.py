@@ -9,14 +9,17 @@ from pathlib import Path
 import torch
 
 from draftline.checkpoint.export import load_drafter, load_drafter_config
+from draftline.checkpoint.state import load_checkpoint
 from draftline.config import TrainConfig, grad_accum_batches
 from draftline.data.batcher import BatchSchedule, TokenBudgetBatcher
 from draftline.data.dataset import TokenDataset
 from draftline.errors import DraftlineError
 from draftline.model.config import build_drafter_config, check_matches_target
 from draftline.model.drafter import DFlashDrafter
-from draftline.model.target import load_target_config
+from draftline.model.target import TargetFeatures, load_embedding_and_head, load_target_config
+from draftline.objective.loss import DFlashObjective, ObjectiveSettings
 from draftline.pipeline.drafter_worker import steps_for
+from draftline.pipeline.roles import COLOCATED, Role
 
 
 @dataclass
@@ -139,3 +142,48 @@ def resolve_data_dir(config: TrainConfig) -> Path:
     for line in format_stats(meta):
         print(f"  {line}")
     return out
+
+
+def build_target(config: TrainConfig, role: Role, device: torch.device, dtype: torch.dtype) -> TargetFeatures:
+    """The frozen target that computes the drafter's features on this rank."""
+    layer_ids = drafter_config(config).dflash_config["target_layer_ids"]
+    keep_all = role.kind == COLOCATED and role.is_logging  # the same copy decodes for evaluation
+    return TargetFeatures(config.model.target, layer_ids, device=device, dtype=dtype,
+                          keep_all_layers=keep_all, final_hidden=config.optim.distill > 0)
+
+
+def feature_width(config: TrainConfig, drafter: DFlashDrafter) -> int:
+    """Columns of the features a target sends: K fused layers, plus with soft labels the target's
+    final hidden state as the last ``hidden_size`` columns."""
+    teacher = 1 if config.optim.distill > 0 else 0
+    return (len(drafter.target_layer_ids) + teacher) * drafter.config.hidden_size
+
+
+def build_objective(config: TrainConfig, drafter: DFlashDrafter, device: torch.device, dtype: torch.dtype,
+                    target: TargetFeatures | None = None) -> DFlashObjective:
+    """The DFlash objective of ``drafter`` with the target's frozen embedding and LM head (taken from
+    ``target`` when this rank runs it, else loaded from the checkpoint)."""
+    if target is not None:
+        embed, head = target.embed_weight(), target.head_weight()
+    else:
+        embed, head = load_embedding_and_head(config.model.target, device=device, dtype=dtype)
+    settings = ObjectiveSettings(max_anchors=config.data.max_anchors, head_chunk_rows=config.engine.head_chunk_rows,
+                                 attention=config.engine.attention, seed=config.data.seed, gamma=config.optim.loss_gamma,
+                                 distill=config.optim.distill)
+    return DFlashObjective(drafter, embed, head, settings)
+
+
+def resume_training(checkpoint: str, *, drafter, optimizer, scheduler, batches_per_step: int,
+                    num_drafters: int) -> int:
+    """Load ``checkpoint`` into the drafter, optimizer and schedule; the step to continue from.
+
+    Refuses a checkpoint trained with another number of batches per optimizer step (the data would
+    not continue where it stopped)."""
+    state = load_checkpoint(checkpoint, drafter=drafter, optimizer=optimizer, scheduler=scheduler)
+    if state.step and state.next_seq != state.step * batches_per_step:
+        raise DraftlineError(
+            f"{checkpoint}: trained with {state.next_seq // state.step} batches per optimizer step, "
+            f"this run has {batches_per_step} (--grad-accum per drafter x {num_drafters} drafter(s)): "
+            "resume with the checkpoint's --grad-accum and number of drafters so the data continues where it stopped"
+        )
+    return state.step

@@ -26,7 +26,8 @@ from draftline.objective.anchors import sample_anchors
 from draftline.objective.blocks import build_blocks
 from draftline.objective.loss import DFlashObjective
 from draftline.objective.metrics import WEIGHT_SUM, metrics_size
-from draftline.pipeline.health import Health, wait_work
+from draftline.pipeline.health import Health
+from draftline.pipeline.waits import wait_work
 from draftline.pipeline.transport import Delivery, FeatureReceiver
 
 # Extra entries appended to the metrics vector for the step all-reduce.

@@ -8,10 +8,11 @@ with a message that names the role, rank, host, GPU and cause. Blocking waits in
 ``Health.check()``, which raises ``RunAborted``; nothing continues with fewer workers.
 
 A rank's first pass compiles kernels (flex attention), which can take minutes on a large model:
-until a rank reports ``warm`` its progress may pause for ``startup_timeout_s`` instead. Passes
-of the threads of one process (the colocated target and drafter) take ``COMPILE_LOCK`` in turn:
-torch.compile traces again when shapes change, and tracing in one thread breaks a compiled
-function running in another. They share one device, so little overlap is lost.
+until a rank reports ``warm`` its progress may pause for ``startup_timeout_s`` instead (the passes
+of one process's threads take ``compile_lock.COMPILE_LOCK`` in turn).
+
+The numbers a rank shares with the monitor (``stats.SharedStats``) ride on the heartbeat; the
+waits that poll ``check()`` are in ``waits.py``.
 
 A single process (colocated, CPU tests) uses the same object with no store: only local signals.
 """
@@ -28,9 +29,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-
-COMPILE_LOCK = threading.Lock()
-"""Held by each pass when several threads of this process run passes (colocated)."""
+from draftline.pipeline.compile_lock import COMPILE_LOCK
+from draftline.pipeline.stats import SharedStats
 
 
 class RunAborted(RuntimeError):
@@ -86,7 +86,8 @@ class Health:
         self.failed_rank: int | None = None  # the rank a failure message is about, when known
         self._lock = threading.Lock()
         self._progress = time.time()
-        self._stats: dict = {}
+        self.stats = SharedStats()
+        """What this rank publishes for the monitor (carried by the heartbeat)."""
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.peers: dict[int, RankInfo] = {info.rank: info}
@@ -116,10 +117,6 @@ class Health:
         self._warm_threads.add(thread)
         self.warm = True
         self.tick()
-
-    def set_stats(self, stats: dict) -> None:
-        """Numbers this rank shares with the monitor (queue depths, rates, memory)."""
-        self._stats = stats
 
     def abort(self, message: str) -> None:
         with self._lock:
@@ -168,7 +165,7 @@ class Health:
                 pass
 
     def _beat(self) -> None:
-        payload = {"time": time.time(), "progress": self._progress, "warm": self.warm, "stats": self._stats}
+        payload = {"time": time.time(), "progress": self._progress, "warm": self.warm, "stats": self.stats.snapshot()}
         self.store.set(f"hb/{self.info.rank}", json.dumps(payload))
 
     def _heartbeat_loop(self) -> None:
@@ -188,7 +185,7 @@ class Health:
 
     def peer_stats(self) -> dict[int, dict]:
         """Latest stats of every rank (for the monitor)."""
-        out = {self.info.rank: self._stats}
+        out = {self.info.rank: self.stats.snapshot()}
         if self.store is None:
             return out
         for rank in range(self.world_size):
@@ -250,76 +247,3 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def wait_work(work, health: Health) -> float:
-    """Wait for a torch.distributed request while checking health; returns the seconds waited.
-
-    NCCL requests are polled with ``is_completed`` (a CUDA event query), then ``wait`` orders the
-    current stream after them. Gloo requests only complete inside ``wait``, so a helper thread
-    blocks in it while this thread polls.
-    """
-    import torch.distributed as dist
-
-    if dist.get_backend() != "gloo":
-        waited = wait_for(work.is_completed, health)
-        work.wait()
-        return waited
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    def block() -> None:
-        try:
-            work.wait()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below in the waiting thread
-            errors.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=block, name="draftline-wait", daemon=True).start()
-    waited = wait_for(done.is_set, health)
-    if errors:
-        raise errors[0]
-    return waited
-
-
-def queue_put(q, item, health: Health, poll_s: float = 0.05, check=None) -> float:
-    """``q.put(item)`` on a bounded queue, checking health (and ``check()``, which may raise, e.g.
-    the consumer thread's error) while it is full; returns seconds blocked."""
-    import queue as queue_module
-
-    start = time.perf_counter()
-    while True:
-        health.check()
-        if check is not None:
-            check()
-        try:
-            q.put(item, timeout=poll_s)
-            return time.perf_counter() - start
-        except queue_module.Full:
-            continue
-
-
-def queue_get(q, health: Health, poll_s: float = 0.05):
-    """``q.get()``, checking health while it is empty; returns (item, seconds waited)."""
-    import queue as queue_module
-
-    start = time.perf_counter()
-    while True:
-        health.check()
-        try:
-            item = q.get(timeout=poll_s)
-            return item, time.perf_counter() - start
-        except queue_module.Empty:
-            continue
-
-
-def wait_for(predicate, health: Health, *, sleep_s: float = 0.0005, max_sleep_s: float = 0.01) -> float:
-    """Poll ``predicate`` until true, checking health between polls; returns the seconds waited."""
-    start = time.perf_counter()
-    delay = sleep_s
-    while not predicate():
-        health.check()
-        time.sleep(delay)
-        delay = min(delay * 2, max_sleep_s)
-    return time.perf_counter() - start
