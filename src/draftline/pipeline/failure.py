@@ -50,7 +50,7 @@ def fail(line, exc: BaseException) -> int:
         culprit = find_culprit(health) if line.store is not None else None
         if culprit:
             message = f"{culprit} (seen by {health.info.describe()} as: {cause[:200]})"
-            health.abort(message)
+            health.abort(message, publish=True, rank=health.failed_rank)
         else:
             health.report_failure(cause)
             message = health.aborted

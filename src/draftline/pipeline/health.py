@@ -82,6 +82,9 @@ class Health:
         """Set when a target and a drafter run as threads of this process (colocated)."""
         self._warm_threads: set[int] = set()
         self.beat_s = beat_s
+        self.poll_s = min(0.25, beat_s)
+        """How often the watchdog looks at the processes of peers on this host."""
+        self._finished: set[int] = set()
         self._abort: str | None = None
         self.failed_rank: int | None = None  # the rank a failure message is about, when known
         self._lock = threading.Lock()
@@ -118,10 +121,19 @@ class Health:
         self.warm = True
         self.tick()
 
-    def abort(self, message: str) -> None:
+    def abort(self, message: str, *, publish: bool = False, rank: int | None = None) -> None:
+        """Stop this rank's waits with ``message``. With ``publish``, the first such message also goes
+        to the store, so every rank names the same culprit (``rank``, when known) at its next scan."""
         with self._lock:
-            if self._abort is None:
+            first = self._abort is None
+            if first:
                 self._abort = message
+        if first and publish and self.store is not None:
+            try:
+                if not self.store.check(["abort"]):
+                    self.store.set("abort", json.dumps({"message": message, "rank": rank}))
+            except Exception:  # noqa: BLE001 - the store may be gone; peers find the cause themselves
+                pass
 
     @property
     def aborted(self) -> str | None:
@@ -203,6 +215,10 @@ class Health:
         now = time.time()
         if self.store.check(["run_over"]):
             return "the drafters ended the run"
+        if self.store.check(["abort"]):  # another rank named the culprit first
+            published = json.loads(self.store.get("abort"))
+            self.failed_rank = published["rank"]
+            return published["message"]
         for rank in range(self.world_size):
             if rank == self.info.rank:
                 continue
@@ -211,6 +227,7 @@ class Health:
                 self.failed_rank = rank
                 return f"{self.peer(rank).describe()} failed: {cause}"
             if self.store.check([f"done/{rank}"]):
+                self._finished.add(rank)
                 continue
             if not self.store.check([f"hb/{rank}"]):
                 continue  # not started yet; startup waits are bounded by the process-group timeout
@@ -228,22 +245,62 @@ class Health:
             self.failed_rank = None
         return None
 
+    def _local_peer_gone(self) -> bool:
+        """Whether a peer on this host has died or is dying (read from /proc: no store traffic)."""
+        for rank, info in list(self.peers.items()):
+            if rank != self.info.rank and rank not in self._finished and info.host == self.info.host \
+                    and info.pid > 0 and not _pid_alive(info.pid):
+                return True
+        return False
+
     def _watchdog_loop(self) -> None:
-        while not self._stop.wait(self.beat_s):
+        # The store is scanned every ``beat_s``; peers on this host are looked at every ``poll_s``
+        # (a local /proc read), so a killed rank is named well within a second by its neighbours,
+        # who publish the message for the ranks of other hosts.
+        next_scan = 0.0
+        while not self._stop.wait(self.poll_s):
             try:
+                if time.time() < next_scan and not self._local_peer_gone():
+                    continue
+                next_scan = time.time() + self.beat_s
                 message = self.scan()
             except Exception:  # noqa: BLE001 - the store itself is gone: the launcher tore the job down
                 message = "lost contact with the job's store (the launcher stopped the run or a node went away)"
             if message:
-                self.abort(message)
+                self.abort(message, publish=message != "the drafters ended the run", rank=self.failed_rank)
                 return
 
 
+_PF_EXITING = 0x4  # linux/sched.h: the process is in do_exit
+_SIGKILL_BIT = 1 << (9 - 1)
+
+
 def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` (on this host) is alive and not on its way out.
+
+    A killed process stays visible for a while: while the kernel tears it down (releasing a large GPU
+    context can take many seconds) and then as a zombie until its parent reaps it. Both are dead here.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return not _dying(pid)
+
+
+def _dying(pid: int) -> bool:
+    """A zombie, a process in exit, or one with a SIGKILL pending (Linux /proc; False elsewhere)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp session tty tpgid flags
+    if fields[0] in ("Z", "X", "x") or int(fields[6]) & _PF_EXITING:
+        return True
+    for line in status.splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & _SIGKILL_BIT:
+            return True
+    return False
