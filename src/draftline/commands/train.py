@@ -90,7 +90,7 @@ def _help(section: str, name: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="a TOML or JSON file with [model], [data], [optim], ... sections; flags override it")
     parser.add_argument("--out", help="run directory (checkpoints, metrics.jsonl, tensorboard/, final/)")
-    parser.add_argument("--data", nargs="+", help="a prepared dataset directory, or input files that `draftline prepare` reads")
+    parser.add_argument("--data", nargs="+", help="a prepared dataset directory (written by `draftline prepare`)")
     parser.add_argument("--gpus", "--nproc", dest="gpus", type=int,
                         help="launch this many processes on this node with torchrun (one per GPU; with --device cpu, CPU processes)")
     parser.add_argument("--max-restarts", type=int, default=0, help="with --gpus: torchrun restarts after a failure (each resumes)")

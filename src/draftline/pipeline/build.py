@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from draftline.checkpoint.export import load_drafter, load_drafter_config
 from draftline.checkpoint.state import load_checkpoint
 from draftline.config import TrainConfig, grad_accum_batches
 from draftline.data.batcher import BatchSchedule, TokenBudgetBatcher
-from draftline.data.dataset import TokenDataset
+from draftline.data.dataset import META_FILE, TokenDataset
 from draftline.errors import DraftlineError
 from draftline.model.config import build_drafter_config, check_matches_target
 from draftline.model.drafter import DFlashDrafter
@@ -118,30 +119,23 @@ def build_drafter(config: TrainConfig, device: torch.device) -> DFlashDrafter:
 
 
 def resolve_data_dir(config: TrainConfig) -> Path:
-    """The dataset to train on: --data itself if prepared, else prepared into RUN_DIR/data now."""
-    sources = [Path(p) for p in config.data.data]
-    if len(sources) == 1 and (sources[0] / "meta.json").is_file():
-        return sources[0]
-    from draftline.data.prepare import PrepareConfig, format_stats, prepare
+    """The prepared dataset to train on: ``--data`` itself.
 
+    Preparing is its own step (``draftline prepare``), before the line starts: no rank of a
+    training run tokenizes. Anything else is refused with the exact command that prepares it.
+    """
+    sources = [Path(p) for p in config.data.data]
+    if len(sources) == 1 and (sources[0] / META_FILE).is_file():
+        return sources[0]
     out = Path(config.out) / "data"
-    if (out / "meta.json").is_file():
-        return out
-    print(f"draftline: --data is not a prepared dataset; preparing {', '.join(map(str, sources))} into {out}")
-    meta = prepare(
-        PrepareConfig(
-            target=Path(config.model.target),
-            inputs=[str(p) for p in config.data.data],
-            out=out,
-            max_length=config.data.max_length or config.data.token_budget,
-            heldout=config.monitor.eval_num_prompts,
-            workers=max(1, min(8, (os.cpu_count() or 2) - 1)),
-            seed=config.data.seed,
-        )
-    )
-    for line in format_stats(meta):
-        print(f"  {line}")
-    return out
+    command = shlex.join([
+        "draftline", "prepare", "--target", str(config.model.target), "--input", *map(str, sources), "--out", str(out),
+        "--max-length", str(config.data.max_length or config.data.token_budget),
+        "--heldout", str(config.monitor.eval_num_prompts), "--seed", str(config.data.seed),
+    ])
+    what = "is not a prepared dataset (no meta.json)" if len(sources) == 1 else "are not one prepared dataset"
+    raise DraftlineError(f"--data {' '.join(map(str, sources))} {what}; prepare it first, then train with "
+                         f"--data {out}:\n  {command}")
 
 
 def build_target(config: TrainConfig, role: Role, device: torch.device, dtype: torch.dtype) -> TargetFeatures:
