@@ -182,6 +182,8 @@ def _name_failed_rank(run_dir: Path, rank: int, failure, started: float) -> str:
         written = json.loads(failure_json.read_text())["time"] >= started  # by a rank of this launch
     except (OSError, ValueError, KeyError):
         written = False
+    if written:  # a rank's watchdog named the culprit; it may have stopped the others before torchrun saw it
+        return json.loads(failure_json.read_text())["message"]
     if run_dir.is_dir() and not written:
         failure_json.write_text(json.dumps({"time": time.time(), "message": message, "step": None,
                                             "checkpoint": None}, indent=2) + "\n")
