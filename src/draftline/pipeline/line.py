@@ -266,7 +266,11 @@ class Line:
             self.save_checkpoint()
         eval_every = self.config.monitor.eval_every
         if eval_every and worker.step % eval_every == 0 and worker.step < worker.total_steps:
-            self.evaluate(worker.drafter, worker.step)
+            self._measure_acceptance()
+
+    def _measure_acceptance(self) -> dict | None:
+        """Real acceptance of the drafter as it is now (logging rank): the one place its result returns."""
+        return self.evaluate(self.worker.drafter, self.worker.step)
 
     def save_checkpoint(self) -> Path:
         if self.monitor is None:  # a drafter standing in for a dead rank 0
@@ -299,7 +303,7 @@ class Line:
             if status == "finished":
                 final = save_drafter(self.worker.drafter, self.run_dir / "final", dtype=torch.bfloat16)
                 print(f"draftline: finished at step {self.worker.step}; drafter in {final}")
-                self.evaluate(self.worker.drafter, self.worker.step)
+                self._measure_acceptance()
             else:
                 print(f"draftline: stopped at step {self.worker.step}; checkpoint {self.saved}; "
                       "continue with the same command and --resume")
