@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ from draftline.model.config import build_drafter_config, check_matches_target
 from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import TargetFeatures, load_embedding_and_head, load_target_config
 from draftline.objective.loss import DFlashObjective, ObjectiveSettings
-from draftline.pipeline.drafter_worker import steps_for
 from draftline.pipeline.roles import COLOCATED, Role
 
 
@@ -65,6 +65,12 @@ class DataPlan:
     def batch(self, seq: int):
         epoch, _ = self.schedule.locate(seq)
         return self.dataset.packed_batch(self.schedule.sample_indices(seq), epoch, seq)
+
+
+def steps_for(total_batches: int, batches_per_step: int, max_steps: int | None) -> int:
+    """Optimizer steps of a run: every batch once (the last step may be short), or ``max_steps``."""
+    steps = math.ceil(total_batches / batches_per_step)
+    return min(steps, max_steps) if max_steps else steps
 
 
 def plan_data(config: TrainConfig, data_dir: Path, num_drafters: int = 1) -> DataPlan:

@@ -13,7 +13,6 @@ plans and builds (``DFlashObjective.passes``: anchors, blocks, labels); each pas
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -257,8 +256,3 @@ def _checkpoint_layers(drafter) -> None:
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
 
         layer.forward = wrapped
-
-
-def steps_for(total_batches: int, batches_per_step: int, max_steps: int | None) -> int:
-    steps = math.ceil(total_batches / batches_per_step)
-    return min(steps, max_steps) if max_steps else steps

@@ -43,6 +43,9 @@ class InTrainingEvaluation:
             return self.target_worker.features.model
         from transformers import AutoModelForCausalLM  # a drafter rank: a full copy, once (bf16 on GPU)
 
+        # Preflight did not count this copy: say so where an out-of-memory would follow.
+        print(f"draftline: loading a full copy of the target on this drafter rank ({self.device}) to measure "
+              "acceptance (--eval-every); colocated runs reuse the target's own copy", flush=True)
         return AutoModelForCausalLM.from_pretrained(
             self.config.model.target, dtype=self.dtype).to(self.device).eval().requires_grad_(False)
 
