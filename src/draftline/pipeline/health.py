@@ -7,6 +7,11 @@ rank reads the others'. When a rank reports a failure, or its heartbeat or progr
 with a message that names the role, rank, host, GPU and cause. Blocking waits in the pipeline poll
 ``Health.check()``, which raises ``RunAborted``; nothing continues with fewer workers.
 
+A killed rank is seen first by the ranks on its host: between two store scans the watchdog looks
+at their processes every ``poll_s`` (0.25 s, a /proc read; a zombie or a process in exit counts as
+dead). The first rank to name a culprit publishes the message in the store (``abort``), so every
+rank, on every host, names the same one at its next scan.
+
 A rank's first pass compiles kernels (flex attention), which can take minutes on a large model:
 until a rank reports ``warm`` its progress may pause for ``startup_timeout_s`` instead (the passes
 of one process's threads take ``compile_lock.COMPILE_LOCK`` in turn).
