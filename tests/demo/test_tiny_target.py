@@ -78,3 +78,28 @@ def test_heldout_accuracy_and_greedy_generation(target, prompts):
     out = model.generate(**inputs, max_new_tokens=48, do_sample=False)
     text = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     assert len(text.strip()) > 20 and "\n" in text, repr(text)
+
+
+def test_the_script_uses_the_lines_lr_schedule():
+    from draftline.demo.train_tiny_target import TinyTargetConfig, lr_at
+
+    cfg = TinyTargetConfig(steps=200, warmup_steps=20, lr=1e-3, min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(1e-3 / 20)
+    assert lr_at(19, cfg) == pytest.approx(1e-3)
+    assert lr_at(110, cfg) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))  # half way down the cosine
+    assert lr_at(200, cfg) == pytest.approx(1e-4)
+
+
+def test_corpus_conversations_use_each_line_once():
+    import random
+
+    from draftline.demo.corpus import CorpusConfig, add_docstrings, file_conversations, is_heldout
+
+    assert is_heldout("json/decoder.py", 10) == is_heldout("json/decoder.py", 10)
+    text = "\n".join(f"x{i} = {i}" for i in range(300))
+    item = {"path": "m.py", "text": text}
+    add_docstrings([item])
+    cfg = CorpusConfig(prompt_lines=(5, 10), response_lines=(5, 10))
+    convs = file_conversations(item, cfg, random.Random(0))
+    lines = [line for c in convs for m in c["messages"] for line in m["content"].splitlines() if line.startswith("x")]
+    assert len(convs) > 10 and len(lines) == len(set(lines))

@@ -53,3 +53,24 @@ def test_split_invariance(qwen3_target):
     assert abs(loss_a - loss_b) < 1e-10
     for name in grads_a:
         torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-9, atol=1e-12)
+
+
+def test_passes_of_a_batch_add_up_to_its_one_pass_loss(qwen3_target):
+    """``DFlashObjective.passes`` (what the drafter worker trains on) splits a batch into passes whose
+    losses and label weights add up to the one-pass ``blocks`` of the same batch."""
+    config = build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=1, block_size=4)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(config).double()
+    target = TargetFeatures(qwen3_target, drafter.target_layer_ids, dtype=torch.float64)
+    embed, head = load_embedding_and_head(qwen3_target, dtype=torch.float64)
+    objective = DFlashObjective(drafter, embed, head, ObjectiveSettings(max_anchors=5, seed=1))
+    batch = PackedBatch.from_documents(_docs(5, seed=3), sample_ids=list(range(5)))
+    features = target(batch)
+    with torch.no_grad():
+        whole, whole_metrics = objective(features, objective.blocks(batch))
+        parts = list(objective.passes(batch, max_anchors_per_pass=3, dense=True))
+        assert len(parts) > 2
+        results = [objective(features[p.token_lo : p.token_hi], blocks) for p, blocks in parts]
+    assert sum(p.anchors.numel() for p, _ in parts) == objective.blocks(batch).num_anchors
+    torch.testing.assert_close(sum(r[0] for r in results), whole, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(sum(float(r[1][WEIGHT_SUM]) for r in results), float(whole_metrics[WEIGHT_SUM]))

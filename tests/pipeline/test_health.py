@@ -93,3 +93,60 @@ def test_colocated_threads_take_turns_for_every_pass():
     assert not _overlaps(shared)
     separate = _health(None)  # one worker thread per process: only the first pass is guarded
     assert _overlaps(separate)
+
+
+def _killed_unreaped_child():
+    """A process killed with SIGKILL that its parent has not reaped yet (what a rank is while its
+    launcher, or the kernel tearing down its GPU context, has not caught up): ``kill(pid, 0)`` still
+    succeeds."""
+    import signal
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "60"])
+    os.kill(child.pid, signal.SIGKILL)
+    deadline = time.time() + 5
+    while time.time() < deadline and open(f"/proc/{child.pid}/stat").read().split(") ")[1][0] != "Z":
+        time.sleep(0.01)
+    os.kill(child.pid, 0)  # still there
+    return child
+
+
+def test_a_killed_process_not_yet_reaped_is_named_dead():
+    store = dist.HashStore()
+    health = _health(store, timeout_s=30.0)
+    child = _killed_unreaped_child()
+    try:
+        _peer(store, progress_age=0.0, warm=True, pid=child.pid)
+        message = health.scan() or ""
+        assert f"pid {child.pid}" in message and "died" in message
+    finally:
+        child.wait()
+
+
+def test_the_watchdog_names_a_killed_neighbour_within_a_second_and_publishes_it():
+    """Between two store scans (every 2 s) the watchdog looks at this host's peers every 0.25 s."""
+    import signal
+    import subprocess
+
+    store = dist.HashStore()
+    health = _health(store, timeout_s=30.0, beat_s=2.0)
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        _peer(store, progress_age=0.0, warm=True, pid=child.pid)
+        health.start()
+        time.sleep(0.3)  # the first scan has read the peer
+        assert health.aborted is None
+        killed = time.time()
+        os.kill(child.pid, signal.SIGKILL)  # not reaped: a zombie until child.wait()
+        while health.aborted is None and time.time() - killed < 5:
+            time.sleep(0.01)
+        named_after = time.time() - killed
+        assert health.aborted and f"pid {child.pid}" in health.aborted and "died" in health.aborted
+        assert named_after < 1.0, named_after
+        # Every other rank names the same culprit at its next scan.
+        other = Health(RankInfo(2, "target", "elsewhere", "CPU", 1), store, world_size=3)
+        assert other.scan() == health.aborted and other.failed_rank == 1
+    finally:
+        health.stop()
+        child.kill()
+        child.wait()

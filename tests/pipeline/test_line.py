@@ -107,7 +107,7 @@ def test_acceptance_is_measured_during_and_after_training(qwen3_target, line_dat
 def test_passes_bound_the_dense_mask_and_keep_every_anchor():
     from draftline.data.batch import PackedBatch
     from draftline.objective.anchors import sample_anchors
-    from draftline.pipeline.drafter_worker import plan_passes
+    from draftline.objective.blocks import plan_passes
 
     docs = [(list(range(n)), [True] * n) for n in (200, 31, 150, 90, 400)]
     batch = PackedBatch.from_documents(docs)

@@ -50,3 +50,26 @@ def test_a_dead_send_thread_surfaces_in_put_and_finish():
     threading.Timer(0.2, claims.fail.set).start()  # the thread dies while the next put is blocked
     assert isinstance(_in_thread(lambda: sender.put(2, features, None))[0], ConnectionError)
     assert isinstance(_in_thread(sender.finish)[0], ConnectionError)
+
+
+def test_open_transport_gives_each_role_its_ends():
+    import torch.distributed as dist
+
+    from draftline.pipeline.roles import assign_roles
+    from draftline.pipeline.transport import DistributedReceiver, InProcessChannel, open_transport
+
+    health = Health(RankInfo(0, "colocated", "here", "CPU", os.getpid()))
+    colocated = assign_roles(1, 1, 1, colocated=True)[0]
+    sender, receiver = open_transport(colocated, health, q_hs=3)
+    assert isinstance(sender, InProcessChannel) and receiver is sender and sender.queue.maxsize == 3
+
+    store = dist.HashStore()
+    drafter, target_a, _ = assign_roles(3, 2, 1, colocated=False)
+    sender, receiver = open_transport(target_a, health, q_hs=5, store=store)
+    assert isinstance(sender, DistributedSender) and receiver is None
+    assert sender.outbox.maxsize == 3  # its share of q_hs, rounded up
+    sender, receiver = open_transport(drafter, health, q_hs=5, store=store, drafter_seqs=[0, 1, 2],
+                                      batch_for=None, feature_width=8, device=torch.device("cpu"), dtype=torch.float32)
+    assert sender is None and isinstance(receiver, DistributedReceiver)
+    assert [receiver.target_rank(seq) for seq in range(4)] == [1, 2, 1, 2]  # round robin over the targets
+    assert receiver.claims.claim(0) == 0 and store.get("claim/0") == b"0"

@@ -90,7 +90,7 @@ def _help(section: str, name: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="a TOML or JSON file with [model], [data], [optim], ... sections; flags override it")
     parser.add_argument("--out", help="run directory (checkpoints, metrics.jsonl, tensorboard/, final/)")
-    parser.add_argument("--data", nargs="+", help="a prepared dataset directory, or input files that `draftline prepare` reads")
+    parser.add_argument("--data", nargs="+", help="a prepared dataset directory (written by `draftline prepare`)")
     parser.add_argument("--gpus", "--nproc", dest="gpus", type=int,
                         help="launch this many processes on this node with torchrun (one per GPU; with --device cpu, CPU processes)")
     parser.add_argument("--max-restarts", type=int, default=0, help="with --gpus: torchrun restarts after a failure (each resumes)")
@@ -182,6 +182,8 @@ def _name_failed_rank(run_dir: Path, rank: int, failure, started: float) -> str:
         written = json.loads(failure_json.read_text())["time"] >= started  # by a rank of this launch
     except (OSError, ValueError, KeyError):
         written = False
+    if written:  # a rank's watchdog named the culprit; it may have stopped the others before torchrun saw it
+        return json.loads(failure_json.read_text())["message"]
     if run_dir.is_dir() and not written:
         failure_json.write_text(json.dumps({"time": time.time(), "message": message, "step": None,
                                             "checkpoint": None}, indent=2) + "\n")

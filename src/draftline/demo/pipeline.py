@@ -63,16 +63,14 @@ class DemoConfig:
 
 
 def _conversations(cfg: DemoConfig) -> list[dict]:
-    from draftline.demo.train_tiny_target import (
-        TinyTargetConfig, add_docstrings, build_conversations, collect_stdlib,
-    )
+    from draftline.demo.corpus import CorpusConfig, add_docstrings, build_conversations, collect_stdlib
 
-    tiny = TinyTargetConfig(prompt_lines=cfg.prompt_lines)
-    files = [f for f in collect_stdlib(tiny) if f["split"] == "train"]
+    corpus = CorpusConfig(prompt_lines=cfg.prompt_lines)
+    files = [f for f in collect_stdlib(corpus) if f["split"] == "train"]
     if not files:
         raise RuntimeError("found no Python standard library sources on this machine")
     add_docstrings(files)
-    convs = build_conversations(files, tiny, seed=cfg.seed + 1)
+    convs = build_conversations(files, corpus, seed=cfg.seed + 1)
     random.Random(cfg.seed).shuffle(convs)
     return convs[: cfg.conversations]
 

@@ -20,10 +20,8 @@ another machine to get the same text and token ids.
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import gzip
-import hashlib
 import json
 import math
 import multiprocessing
@@ -39,6 +37,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from draftline.demo.corpus import CorpusConfig, add_docstrings, build_conversations, collect_stdlib
+from draftline.pipeline.optim import lr_factor
+
 END_OF_TEXT, IM_START, IM_END, MASK = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"
 SPECIAL_TOKENS = [END_OF_TEXT, IM_START, IM_END, MASK]  # ids 0..3, in this order
 CHAT_TEMPLATE = (
@@ -47,9 +48,6 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-CONTINUE_INSTRUCTIONS = ["Continue this code:", "Continue this Python code:", "What comes next?",
-                         "Continue the code from `{path}`:"]
-EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
 
 
 @dataclass
@@ -107,6 +105,10 @@ class TinyTargetConfig:
     eval_limit: int = 0
     """Evaluate on at most this many held-out conversations (0: all of them)."""
 
+    def corpus(self) -> CorpusConfig:
+        """The fields that decide which text becomes which conversation."""
+        return CorpusConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(CorpusConfig)})
+
     def validate(self) -> None:
         if self.vocab_size % 64 or self.vocab_size < 512:
             raise ValueError(f"vocab_size={self.vocab_size}: use a multiple of 64, at least 512")
@@ -119,34 +121,6 @@ class TinyTargetConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
         if self.seq_len > self.max_position_embeddings:
             raise ValueError(f"seq_len={self.seq_len} exceeds max_position_embeddings={self.max_position_embeddings}")
-
-
-# --------------------------------------------------------------------------------------------------
-# Corpus: the standard library's source, split by file
-
-
-def is_heldout(relpath: str, heldout_percent: int) -> bool:
-    digest = hashlib.sha256(relpath.encode()).hexdigest()
-    return int(digest[:8], 16) % 100 < heldout_percent
-
-
-def collect_stdlib(cfg: TinyTargetConfig) -> list[dict]:
-    """Every stdlib *.py outside test folders, as {"path", "split", "text"}, sorted by path."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if EXCLUDED_DIRS & set(rel.parts[:-1]) or rel.name.startswith("test_"):
-            continue
-        if path.stat().st_size > cfg.max_file_bytes:
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        split = "heldout" if is_heldout(rel.as_posix(), cfg.heldout_percent) else "train"
-        files.append({"path": rel.as_posix(), "split": split, "text": text})
-    return files
 
 
 # --------------------------------------------------------------------------------------------------
@@ -191,7 +165,7 @@ def prepare_data(cfg: TinyTargetConfig, data_dir: Path | None):
         source = json.loads((data_dir / "source.json").read_text())
         print(f"data: read {len(files)} files from {data_dir} (stdlib of Python {source['python']})")
         return files, tokenizer, source
-    files = collect_stdlib(cfg)
+    files = collect_stdlib(cfg.corpus())
     tokenizer = train_tokenizer([f["text"] for f in files if f["split"] == "train"], cfg.vocab_size)
     source = {"python": platform.python_version(), "stdlib": sysconfig.get_paths()["stdlib"]}
     if data_dir is not None:
@@ -204,69 +178,6 @@ def prepare_data(cfg: TinyTargetConfig, data_dir: Path | None):
         (data_dir / "source.json").write_text(json.dumps(source))
     print(f"data: built from the stdlib of Python {source['python']}: {len(files)} files")
     return files, tokenizer, source
-
-
-# --------------------------------------------------------------------------------------------------
-# Conversations: code in the user turn, its continuation in the assistant turn
-
-
-def _clip(lines: list[str], max_chars: int, keep_end: bool) -> list[str]:
-    while len(lines) > 1 and sum(len(x) + 1 for x in lines) > max_chars:
-        lines = lines[1:] if keep_end else lines[:-1]
-    return lines
-
-
-def _trim_blank(lines: list[str]) -> list[str]:
-    start, end = 0, len(lines)
-    while start < end and not lines[start].strip():
-        start += 1
-    while end > start and not lines[end - 1].strip():
-        end -= 1
-    return lines[start:end]
-
-
-def add_docstrings(files: list[dict]) -> None:
-    """Sets item["doc"] (the module docstring or None) and item["doc_end"] (its last line)."""
-    for item in files:
-        try:
-            module = ast.parse(item["text"])
-            item["doc"] = ast.get_docstring(module)
-        except (SyntaxError, ValueError):  # a few lib2to3 fixtures are Python 2
-            item["doc"] = None
-        item["doc_end"] = module.body[0].end_lineno if item["doc"] else None
-
-
-def file_conversations(item: dict, cfg: TinyTargetConfig, rng: random.Random) -> list[dict]:
-    """Tile a file into conversations: each line lands in at most one turn."""
-    path, lines = item["path"], item["text"].splitlines()
-    convs, cursor = [], rng.randrange(0, 10)
-    if item["doc"] and rng.random() < 0.5:
-        n = rng.randint(*cfg.response_lines)
-        body = _trim_blank(_clip(lines[item["doc_end"]:item["doc_end"] + n], cfg.max_turn_chars, keep_end=False))
-        if body:
-            doc = "\n".join(_clip(item["doc"].splitlines(), cfg.max_turn_chars, keep_end=False))
-            user = f"Write the Python module `{path}`. Its docstring:\n\n{doc}"
-            convs.append({"source": path, "messages": [{"role": "user", "content": user},
-                                                       {"role": "assistant", "content": "\n".join(body)}]})
-            cursor = item["doc_end"] + n
-    while cursor < len(lines):
-        n_prompt, n_response = rng.randint(*cfg.prompt_lines), rng.randint(*cfg.response_lines)
-        code = _trim_blank(_clip(lines[cursor:cursor + n_prompt], cfg.max_turn_chars, keep_end=True))
-        body = _trim_blank(_clip(lines[cursor + n_prompt:cursor + n_prompt + n_response], cfg.max_turn_chars,
-                                 keep_end=False))
-        cursor += n_prompt + n_response
-        if not code or not body:
-            continue
-        instruction = rng.choice(CONTINUE_INSTRUCTIONS).format(path=path)
-        user = instruction + "\n\n" + "\n".join(code)
-        convs.append({"source": path, "messages": [{"role": "user", "content": user},
-                                                   {"role": "assistant", "content": "\n".join(body)}]})
-    return convs
-
-
-def build_conversations(files: list[dict], cfg: TinyTargetConfig, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    return [c for item in files for c in file_conversations(item, cfg, rng)]
 
 
 def render(tokenizer, conv: dict) -> str:
@@ -314,7 +225,7 @@ class LineEncoder:
 
 def training_rows(files: list[dict], encoder: LineEncoder, cfg: TinyTargetConfig, epoch: int) -> torch.Tensor:
     """One epoch of packed rows [N, seq_len + 1] (int16): conversations, shuffled, joined by <|endoftext|>."""
-    convs = build_conversations(files, cfg, seed=cfg.seed * 1_000_003 + epoch)
+    convs = build_conversations(files, cfg.corpus(), seed=cfg.seed * 1_000_003 + epoch)
     random.Random(cfg.seed + epoch).shuffle(convs)
     eot = encoder.special[END_OF_TEXT]
     stream = torch.tensor([t for conv in convs for t in (*encoder.conversation(conv), eot)], dtype=torch.int16)
@@ -372,10 +283,8 @@ def build_model(cfg: TinyTargetConfig, tokenizer):
 
 
 def lr_at(step: int, cfg: TinyTargetConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    """The training line's schedule (``pipeline.optim.lr_factor``): linear warmup, then cosine."""
+    return cfg.lr * lr_factor(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
 
 
 @torch.no_grad()
@@ -474,7 +383,7 @@ def main(argv=None) -> None:
           f"(mask {MASK} = {tokenizer.convert_tokens_to_ids(MASK)}), {time.time() - t0:.0f}s")
     if args.prepare_only:
         return
-    heldout = build_conversations(heldout_files, cfg, seed=cfg.seed + 12345)
+    heldout = build_conversations(heldout_files, cfg.corpus(), seed=cfg.seed + 12345)
     # the demo regenerates responses from these prompts: keep them well inside the context
     short = [c for c in heldout if len(tokenizer(render(tokenizer, c))["input_ids"]) <= cfg.max_prompt_tokens]
     prompts = random.Random(cfg.seed).sample(short, min(cfg.num_prompts, len(short)))
@@ -482,7 +391,7 @@ def main(argv=None) -> None:
 
     # built before the model touches CUDA: the epochs come from forked processes
     encoder = LineEncoder(tokenizer, [f["text"] for f in train_files])
-    sample_convs = build_conversations(train_files[:20], cfg, seed=0)
+    sample_convs = build_conversations(train_files[:20], cfg.corpus(), seed=0)
     if any(encoder.conversation(c) != tokenizer(render(tokenizer, c), add_special_tokens=False)["input_ids"]
            for c in sample_convs):
         raise RuntimeError("LineEncoder disagrees with the tokenizer; was the pre-tokenizer changed?")

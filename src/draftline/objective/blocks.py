@@ -1,6 +1,6 @@
 """Training blocks: inputs, positions, labels and loss weights for every anchor of a batch.
 
-Block of anchor p (docs/DFLASH.md): input ``[x_p, MASK x (B-1)]`` at positions ``p .. p+B-1``;
+Block of anchor p (docs/OBJECTIVE.md): input ``[x_p, MASK x (B-1)]`` at positions ``p .. p+B-1``;
 slot k (1..B-1) is labelled with the data's own token ``x_{p+k}`` (same position: NOT shifted), kept
 only when ``loss_mask[p+k]`` is set and ``p+k`` is inside the document; slot 0 has no label. Weight
 of slot k: ``exp(-(k-1) / gamma)``. The target predicted that label at token ``p+k-1``: its final
@@ -138,3 +138,51 @@ def build_blocks(
         num_anchors=num_anchors,
         block_size=block_size,
     )
+
+
+@dataclass
+class Pass:
+    """One forward/backward over a contiguous run of anchors of a batch."""
+
+    batch: PackedBatch  # the documents the pass needs (whole documents)
+    anchors: torch.Tensor  # flat indices into ``batch``
+    token_lo: int  # offset of ``batch`` in the full batch (to slice the features)
+    token_hi: int
+
+
+def plan_passes(batch: PackedBatch, anchors: torch.Tensor, max_anchors_per_pass: int, block_size: int = 16,
+                max_dense_entries: int | None = None) -> list[Pass]:
+    """Split a batch's anchors (sorted) into passes of at most ``max_anchors_per_pass``.
+
+    With ``max_dense_entries`` (the dense attention path, which computes every query-key pair), a
+    pass also ends before its mask ``block rows x (context rows + block rows)`` would exceed it:
+    documents then go through in small groups instead of one quadratic pass.
+    """
+    if anchors.numel() == 0:
+        return []
+    doc_of_token = batch.doc_ids()
+    starts = batch.doc_starts()
+    ends = starts + batch.doc_lengths
+    anchor_doc = doc_of_token[anchors].tolist()
+    passes = []
+    lo = 0
+    total = anchors.numel()
+    while lo < total:
+        hi = min(lo + max_anchors_per_pass, total)
+        if max_dense_entries is not None:
+            first_doc = anchor_doc[lo]
+            end = lo + 1
+            while end < hi:
+                rows = (end + 1 - lo) * block_size
+                context = int(ends[anchor_doc[end]] - starts[first_doc])
+                if rows * (context + rows) > max_dense_entries:
+                    break
+                end += 1
+            hi = end
+        chunk = anchors[lo:hi]
+        first_doc, last_doc = anchor_doc[lo], anchor_doc[hi - 1]
+        token_lo, token_hi = int(starts[first_doc]), int(ends[last_doc])
+        sub = batch.slice_docs(first_doc, last_doc + 1)
+        passes.append(Pass(sub, chunk - token_lo, token_lo, token_hi))
+        lo = hi
+    return passes

@@ -1,4 +1,8 @@
-"""The DFlash training objective over a packed batch: one attention pass for all blocks.
+"""The DFlash training objective: the one place a packed batch and its features become a loss.
+
+``DFlashObjective.passes`` samples the anchors of a batch, splits them into passes and builds each
+pass's blocks and labels on the host; ``DFlashObjective.forward`` runs one pass (all its blocks in
+one attention pass). The objective, exactly as implemented: docs/OBJECTIVE.md.
 
 ``DFlashObjective.forward`` returns the UNNORMALISED weighted loss sum of a pass. The caller
 divides the accumulated gradients by the total label weight of the whole optimizer step (summed
@@ -8,6 +12,7 @@ over micro-batches and ranks), so the result does not depend on how a step is sp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 from torch.nn import functional as F
@@ -17,9 +22,13 @@ from draftline.model.attention import make_attention
 from draftline.model.config import default_loss_gamma, mask_token_id
 from draftline.model.drafter import DFlashDrafter
 from draftline.objective.anchors import sample_anchors
-from draftline.objective.blocks import BlockBatch, build_blocks
+from draftline.objective.blocks import BlockBatch, Pass, build_blocks, plan_passes
 from draftline.objective.head_loss import chunked_head_loss
 from draftline.objective.metrics import pass_metrics
+
+
+DENSE_MAX_ENTRIES = 2**16
+"""Largest attention mask (block rows x keys) of one pass on the dense path."""
 
 
 @dataclass
@@ -70,6 +79,24 @@ class DFlashObjective:
         return build_blocks(
             batch, anchors, block_size=self.block_size, mask_token_id=self.mask_token_id, gamma=self.gamma
         )
+
+    def dense_attention(self, device: torch.device) -> bool:
+        """Whether passes on ``device`` use the dense attention path (every query-key pair)."""
+        attention = self.settings.attention
+        return attention == "dense" or (attention == "auto" and device.type != "cuda")
+
+    def passes(self, batch: PackedBatch, max_anchors_per_pass: int, *, dense: bool) -> Iterator[tuple[Pass, BlockBatch]]:
+        """The passes of ``batch`` and their blocks, built on the host.
+
+        The batch's anchors go in order into passes of at most ``max_anchors_per_pass``; with
+        ``dense`` a pass also ends before its mask would exceed ``DENSE_MAX_ENTRIES``. Each pass
+        holds whole documents: its features are ``features[pass.token_lo : pass.token_hi]``.
+        """
+        anchors = sample_anchors(batch, self.settings.max_anchors, self.settings.seed)
+        for part in plan_passes(batch, anchors, max_anchors_per_pass, self.block_size,
+                                max_dense_entries=DENSE_MAX_ENTRIES if dense else None):
+            yield part, build_blocks(part.batch, part.anchors, block_size=self.block_size,
+                                     mask_token_id=self.mask_token_id, gamma=self.gamma)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = F.embedding(ids, self.embed_weight)

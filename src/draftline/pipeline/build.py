@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import math
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from draftline.checkpoint.export import load_drafter, load_drafter_config
+from draftline.checkpoint.state import load_checkpoint
 from draftline.config import TrainConfig, grad_accum_batches
 from draftline.data.batcher import BatchSchedule, TokenBudgetBatcher
-from draftline.data.dataset import TokenDataset
+from draftline.data.dataset import META_FILE, TokenDataset
 from draftline.errors import DraftlineError
 from draftline.model.config import build_drafter_config, check_matches_target
 from draftline.model.drafter import DFlashDrafter
-from draftline.model.target import load_target_config
-from draftline.pipeline.drafter_worker import steps_for
+from draftline.model.target import TargetFeatures, load_embedding_and_head, load_target_config
+from draftline.objective.loss import DFlashObjective, ObjectiveSettings
+from draftline.pipeline.roles import COLOCATED, Role
 
 
 @dataclass
@@ -61,6 +65,12 @@ class DataPlan:
     def batch(self, seq: int):
         epoch, _ = self.schedule.locate(seq)
         return self.dataset.packed_batch(self.schedule.sample_indices(seq), epoch, seq)
+
+
+def steps_for(total_batches: int, batches_per_step: int, max_steps: int | None) -> int:
+    """Optimizer steps of a run: every batch once (the last step may be short), or ``max_steps``."""
+    steps = math.ceil(total_batches / batches_per_step)
+    return min(steps, max_steps) if max_steps else steps
 
 
 def plan_data(config: TrainConfig, data_dir: Path, num_drafters: int = 1) -> DataPlan:
@@ -115,27 +125,65 @@ def build_drafter(config: TrainConfig, device: torch.device) -> DFlashDrafter:
 
 
 def resolve_data_dir(config: TrainConfig) -> Path:
-    """The dataset to train on: --data itself if prepared, else prepared into RUN_DIR/data now."""
-    sources = [Path(p) for p in config.data.data]
-    if len(sources) == 1 and (sources[0] / "meta.json").is_file():
-        return sources[0]
-    from draftline.data.prepare import PrepareConfig, format_stats, prepare
+    """The prepared dataset to train on: ``--data`` itself.
 
+    Preparing is its own step (``draftline prepare``), before the line starts: no rank of a
+    training run tokenizes. Anything else is refused with the exact command that prepares it.
+    """
+    sources = [Path(p) for p in config.data.data]
+    if len(sources) == 1 and (sources[0] / META_FILE).is_file():
+        return sources[0]
     out = Path(config.out) / "data"
-    if (out / "meta.json").is_file():
-        return out
-    print(f"draftline: --data is not a prepared dataset; preparing {', '.join(map(str, sources))} into {out}")
-    meta = prepare(
-        PrepareConfig(
-            target=Path(config.model.target),
-            inputs=[str(p) for p in config.data.data],
-            out=out,
-            max_length=config.data.max_length or config.data.token_budget,
-            heldout=config.monitor.eval_num_prompts,
-            workers=max(1, min(8, (os.cpu_count() or 2) - 1)),
-            seed=config.data.seed,
+    command = shlex.join([
+        "draftline", "prepare", "--target", str(config.model.target), "--input", *map(str, sources), "--out", str(out),
+        "--max-length", str(config.data.max_length or config.data.token_budget),
+        "--heldout", str(config.monitor.eval_num_prompts), "--seed", str(config.data.seed),
+    ])
+    what = "is not a prepared dataset (no meta.json)" if len(sources) == 1 else "are not one prepared dataset"
+    raise DraftlineError(f"--data {' '.join(map(str, sources))} {what}; prepare it first, then train with "
+                         f"--data {out}:\n  {command}")
+
+
+def build_target(config: TrainConfig, role: Role, device: torch.device, dtype: torch.dtype) -> TargetFeatures:
+    """The frozen target that computes the drafter's features on this rank."""
+    layer_ids = drafter_config(config).dflash_config["target_layer_ids"]
+    keep_all = role.kind == COLOCATED and role.is_logging  # the same copy decodes for evaluation
+    return TargetFeatures(config.model.target, layer_ids, device=device, dtype=dtype,
+                          keep_all_layers=keep_all, final_hidden=config.optim.distill > 0)
+
+
+def feature_width(config: TrainConfig, drafter: DFlashDrafter) -> int:
+    """Columns of the features a target sends: K fused layers, plus with soft labels the target's
+    final hidden state as the last ``hidden_size`` columns."""
+    teacher = 1 if config.optim.distill > 0 else 0
+    return (len(drafter.target_layer_ids) + teacher) * drafter.config.hidden_size
+
+
+def build_objective(config: TrainConfig, drafter: DFlashDrafter, device: torch.device, dtype: torch.dtype,
+                    target: TargetFeatures | None = None) -> DFlashObjective:
+    """The DFlash objective of ``drafter`` with the target's frozen embedding and LM head (taken from
+    ``target`` when this rank runs it, else loaded from the checkpoint)."""
+    if target is not None:
+        embed, head = target.embed_weight(), target.head_weight()
+    else:
+        embed, head = load_embedding_and_head(config.model.target, device=device, dtype=dtype)
+    settings = ObjectiveSettings(max_anchors=config.data.max_anchors, head_chunk_rows=config.engine.head_chunk_rows,
+                                 attention=config.engine.attention, seed=config.data.seed, gamma=config.optim.loss_gamma,
+                                 distill=config.optim.distill)
+    return DFlashObjective(drafter, embed, head, settings)
+
+
+def resume_training(checkpoint: str, *, drafter, optimizer, scheduler, batches_per_step: int,
+                    num_drafters: int) -> int:
+    """Load ``checkpoint`` into the drafter, optimizer and schedule; the step to continue from.
+
+    Refuses a checkpoint trained with another number of batches per optimizer step (the data would
+    not continue where it stopped)."""
+    state = load_checkpoint(checkpoint, drafter=drafter, optimizer=optimizer, scheduler=scheduler)
+    if state.step and state.next_seq != state.step * batches_per_step:
+        raise DraftlineError(
+            f"{checkpoint}: trained with {state.next_seq // state.step} batches per optimizer step, "
+            f"this run has {batches_per_step} (--grad-accum per drafter x {num_drafters} drafter(s)): "
+            "resume with the checkpoint's --grad-accum and number of drafters so the data continues where it stopped"
         )
-    )
-    for line in format_stats(meta):
-        print(f"  {line}")
-    return out
+    return state.step

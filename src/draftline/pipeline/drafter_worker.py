@@ -6,79 +6,29 @@ takes them. A drafter learns that step ``k`` is complete when it is handed a bat
 by the step's total label weight, clip, and step the optimizer. So the result of a step does not
 depend on how its batches were spread over drafters or split into passes.
 
-A batch runs in one or more passes of at most ``max_query_rows`` block rows; each pass is one
-forward (all blocks in one attention pass) and one backward.
+A batch runs in one or more passes of at most ``max_query_rows`` block rows, which the objective
+plans and builds (``DFlashObjective.passes``: anchors, blocks, labels); each pass is one forward
+(all blocks in one attention pass) and one backward.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from draftline.data.batch import PackedBatch
 from draftline.errors import DraftlineError
 from draftline.monitor.flops import DrafterShape, drafter_flops_of_blocks
-from draftline.objective.anchors import sample_anchors
-from draftline.objective.blocks import build_blocks
 from draftline.objective.loss import DFlashObjective
 from draftline.objective.metrics import WEIGHT_SUM, metrics_size
-from draftline.pipeline.health import Health, wait_work
+from draftline.pipeline.health import Health
+from draftline.pipeline.waits import wait_work
 from draftline.pipeline.transport import Delivery, FeatureReceiver
 
 # Extra entries appended to the metrics vector for the step all-reduce.
 _EXTRA = ("tokens", "samples", "batches", "flops", "stop")
-
-
-@dataclass
-class Pass:
-    """One forward/backward over a contiguous run of anchors of a batch."""
-
-    batch: PackedBatch  # the documents the pass needs (whole documents)
-    anchors: torch.Tensor  # flat indices into ``batch``
-    token_lo: int  # offset of ``batch`` in the full batch (to slice the features)
-    token_hi: int
-
-
-def plan_passes(batch: PackedBatch, anchors: torch.Tensor, max_anchors_per_pass: int, block_size: int = 16,
-                max_dense_entries: int | None = None) -> list[Pass]:
-    """Split a batch's anchors (sorted) into passes of at most ``max_anchors_per_pass``.
-
-    With ``max_dense_entries`` (the dense attention path, which computes every query-key pair), a
-    pass also ends before its mask ``block rows x (context rows + block rows)`` would exceed it:
-    documents then go through in small groups instead of one quadratic pass.
-    """
-    if anchors.numel() == 0:
-        return []
-    doc_of_token = batch.doc_ids()
-    starts = batch.doc_starts()
-    ends = starts + batch.doc_lengths
-    anchor_doc = doc_of_token[anchors].tolist()
-    passes = []
-    lo = 0
-    total = anchors.numel()
-    while lo < total:
-        hi = min(lo + max_anchors_per_pass, total)
-        if max_dense_entries is not None:
-            first_doc = anchor_doc[lo]
-            end = lo + 1
-            while end < hi:
-                rows = (end + 1 - lo) * block_size
-                context = int(ends[anchor_doc[end]] - starts[first_doc])
-                if rows * (context + rows) > max_dense_entries:
-                    break
-                end += 1
-            hi = end
-        chunk = anchors[lo:hi]
-        first_doc, last_doc = anchor_doc[lo], anchor_doc[hi - 1]
-        token_lo, token_hi = int(starts[first_doc]), int(ends[last_doc])
-        sub = batch.slice_docs(first_doc, last_doc + 1)
-        passes.append(Pass(sub, chunk - token_lo, token_lo, token_hi))
-        lo = hi
-    return passes
 
 
 @dataclass
@@ -228,15 +178,8 @@ class DrafterWorker:
     def train_on(self, delivery: Delivery) -> None:
         start = time.perf_counter()
         batch = delivery.batch
-        settings = self.objective.settings
-        anchors = sample_anchors(batch, settings.max_anchors, settings.seed)  # host
-        dense = settings.attention == "dense" or (settings.attention == "auto" and self.device.type != "cuda")
-        for part in plan_passes(batch, anchors, self.max_anchors_per_pass, self.block_size,
-                                max_dense_entries=2**16 if dense else None):
-            blocks_host = build_blocks(
-                part.batch, part.anchors, block_size=self.block_size,
-                mask_token_id=self.objective.mask_token_id, gamma=self.objective.gamma,
-            )
+        dense = self.objective.dense_attention(self.device)
+        for part, blocks_host in self.objective.passes(batch, self.max_anchors_per_pass, dense=dense):  # host
             flops = drafter_flops_of_blocks(self.shape, blocks_host)
             self.counters.flops += flops
             self._vector[self._metrics_size + 3] += flops
@@ -313,8 +256,3 @@ def _checkpoint_layers(drafter) -> None:
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
 
         layer.forward = wrapped
-
-
-def steps_for(total_batches: int, batches_per_step: int, max_steps: int | None) -> int:
-    steps = math.ceil(total_batches / batches_per_step)
-    return min(steps, max_steps) if max_steps else steps

@@ -7,11 +7,17 @@ rank reads the others'. When a rank reports a failure, or its heartbeat or progr
 with a message that names the role, rank, host, GPU and cause. Blocking waits in the pipeline poll
 ``Health.check()``, which raises ``RunAborted``; nothing continues with fewer workers.
 
+A killed rank is seen first by the ranks on its host: between two store scans the watchdog looks
+at their processes every ``poll_s`` (0.25 s, a /proc read; a zombie or a process in exit counts as
+dead). The first rank to name a culprit publishes the message in the store (``abort``), so every
+rank, on every host, names the same one at its next scan.
+
 A rank's first pass compiles kernels (flex attention), which can take minutes on a large model:
-until a rank reports ``warm`` its progress may pause for ``startup_timeout_s`` instead. Passes
-of the threads of one process (the colocated target and drafter) take ``COMPILE_LOCK`` in turn:
-torch.compile traces again when shapes change, and tracing in one thread breaks a compiled
-function running in another. They share one device, so little overlap is lost.
+until a rank reports ``warm`` its progress may pause for ``startup_timeout_s`` instead (the passes
+of one process's threads take ``compile_lock.COMPILE_LOCK`` in turn).
+
+The numbers a rank shares with the monitor (``stats.SharedStats``) ride on the heartbeat; the
+waits that poll ``check()`` are in ``waits.py``.
 
 A single process (colocated, CPU tests) uses the same object with no store: only local signals.
 """
@@ -28,9 +34,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-
-COMPILE_LOCK = threading.Lock()
-"""Held by each pass when several threads of this process run passes (colocated)."""
+from draftline.pipeline.compile_lock import COMPILE_LOCK
+from draftline.pipeline.stats import SharedStats
 
 
 class RunAborted(RuntimeError):
@@ -82,11 +87,15 @@ class Health:
         """Set when a target and a drafter run as threads of this process (colocated)."""
         self._warm_threads: set[int] = set()
         self.beat_s = beat_s
+        self.poll_s = min(0.25, beat_s)
+        """How often the watchdog looks at the processes of peers on this host."""
+        self._finished: set[int] = set()
         self._abort: str | None = None
         self.failed_rank: int | None = None  # the rank a failure message is about, when known
         self._lock = threading.Lock()
         self._progress = time.time()
-        self._stats: dict = {}
+        self.stats = SharedStats()
+        """What this rank publishes for the monitor (carried by the heartbeat)."""
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.peers: dict[int, RankInfo] = {info.rank: info}
@@ -117,14 +126,19 @@ class Health:
         self.warm = True
         self.tick()
 
-    def set_stats(self, stats: dict) -> None:
-        """Numbers this rank shares with the monitor (queue depths, rates, memory)."""
-        self._stats = stats
-
-    def abort(self, message: str) -> None:
+    def abort(self, message: str, *, publish: bool = False, rank: int | None = None) -> None:
+        """Stop this rank's waits with ``message``. With ``publish``, the first such message also goes
+        to the store, so every rank names the same culprit (``rank``, when known) at its next scan."""
         with self._lock:
-            if self._abort is None:
+            first = self._abort is None
+            if first:
                 self._abort = message
+        if first and publish and self.store is not None:
+            try:
+                if not self.store.check(["abort"]):
+                    self.store.set("abort", json.dumps({"message": message, "rank": rank}))
+            except Exception:  # noqa: BLE001 - the store may be gone; peers find the cause themselves
+                pass
 
     @property
     def aborted(self) -> str | None:
@@ -168,7 +182,7 @@ class Health:
                 pass
 
     def _beat(self) -> None:
-        payload = {"time": time.time(), "progress": self._progress, "warm": self.warm, "stats": self._stats}
+        payload = {"time": time.time(), "progress": self._progress, "warm": self.warm, "stats": self.stats.snapshot()}
         self.store.set(f"hb/{self.info.rank}", json.dumps(payload))
 
     def _heartbeat_loop(self) -> None:
@@ -188,7 +202,7 @@ class Health:
 
     def peer_stats(self) -> dict[int, dict]:
         """Latest stats of every rank (for the monitor)."""
-        out = {self.info.rank: self._stats}
+        out = {self.info.rank: self.stats.snapshot()}
         if self.store is None:
             return out
         for rank in range(self.world_size):
@@ -206,6 +220,10 @@ class Health:
         now = time.time()
         if self.store.check(["run_over"]):
             return "the drafters ended the run"
+        if self.store.check(["abort"]):  # another rank named the culprit first
+            published = json.loads(self.store.get("abort"))
+            self.failed_rank = published["rank"]
+            return published["message"]
         for rank in range(self.world_size):
             if rank == self.info.rank:
                 continue
@@ -214,6 +232,7 @@ class Health:
                 self.failed_rank = rank
                 return f"{self.peer(rank).describe()} failed: {cause}"
             if self.store.check([f"done/{rank}"]):
+                self._finished.add(rank)
                 continue
             if not self.store.check([f"hb/{rank}"]):
                 continue  # not started yet; startup waits are bounded by the process-group timeout
@@ -231,95 +250,62 @@ class Health:
             self.failed_rank = None
         return None
 
+    def _local_peer_gone(self) -> bool:
+        """Whether a peer on this host has died or is dying (read from /proc: no store traffic)."""
+        for rank, info in list(self.peers.items()):
+            if rank != self.info.rank and rank not in self._finished and info.host == self.info.host \
+                    and info.pid > 0 and not _pid_alive(info.pid):
+                return True
+        return False
+
     def _watchdog_loop(self) -> None:
-        while not self._stop.wait(self.beat_s):
+        # The store is scanned every ``beat_s``; peers on this host are looked at every ``poll_s``
+        # (a local /proc read), so a killed rank is named well within a second by its neighbours,
+        # who publish the message for the ranks of other hosts.
+        next_scan = 0.0
+        while not self._stop.wait(self.poll_s):
             try:
+                if time.time() < next_scan and not self._local_peer_gone():
+                    continue
+                next_scan = time.time() + self.beat_s
                 message = self.scan()
             except Exception:  # noqa: BLE001 - the store itself is gone: the launcher tore the job down
                 message = "lost contact with the job's store (the launcher stopped the run or a node went away)"
             if message:
-                self.abort(message)
+                self.abort(message, publish=message != "the drafters ended the run", rank=self.failed_rank)
                 return
 
 
+_PF_EXITING = 0x4  # linux/sched.h: the process is in do_exit
+_SIGKILL_BIT = 1 << (9 - 1)
+
+
 def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` (on this host) is alive and not on its way out.
+
+    A killed process stays visible for a while: while the kernel tears it down (releasing a large GPU
+    context can take many seconds) and then as a zombie until its parent reaps it. Both are dead here.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return not _dying(pid)
 
 
-def wait_work(work, health: Health) -> float:
-    """Wait for a torch.distributed request while checking health; returns the seconds waited.
-
-    NCCL requests are polled with ``is_completed`` (a CUDA event query), then ``wait`` orders the
-    current stream after them. Gloo requests only complete inside ``wait``, so a helper thread
-    blocks in it while this thread polls.
-    """
-    import torch.distributed as dist
-
-    if dist.get_backend() != "gloo":
-        waited = wait_for(work.is_completed, health)
-        work.wait()
-        return waited
-    done = threading.Event()
-    errors: list[BaseException] = []
-
-    def block() -> None:
-        try:
-            work.wait()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below in the waiting thread
-            errors.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=block, name="draftline-wait", daemon=True).start()
-    waited = wait_for(done.is_set, health)
-    if errors:
-        raise errors[0]
-    return waited
-
-
-def queue_put(q, item, health: Health, poll_s: float = 0.05, check=None) -> float:
-    """``q.put(item)`` on a bounded queue, checking health (and ``check()``, which may raise, e.g.
-    the consumer thread's error) while it is full; returns seconds blocked."""
-    import queue as queue_module
-
-    start = time.perf_counter()
-    while True:
-        health.check()
-        if check is not None:
-            check()
-        try:
-            q.put(item, timeout=poll_s)
-            return time.perf_counter() - start
-        except queue_module.Full:
-            continue
-
-
-def queue_get(q, health: Health, poll_s: float = 0.05):
-    """``q.get()``, checking health while it is empty; returns (item, seconds waited)."""
-    import queue as queue_module
-
-    start = time.perf_counter()
-    while True:
-        health.check()
-        try:
-            item = q.get(timeout=poll_s)
-            return item, time.perf_counter() - start
-        except queue_module.Empty:
-            continue
-
-
-def wait_for(predicate, health: Health, *, sleep_s: float = 0.0005, max_sleep_s: float = 0.01) -> float:
-    """Poll ``predicate`` until true, checking health between polls; returns the seconds waited."""
-    start = time.perf_counter()
-    delay = sleep_s
-    while not predicate():
-        health.check()
-        time.sleep(delay)
-        delay = min(delay * 2, max_sleep_s)
-    return time.perf_counter() - start
+def _dying(pid: int) -> bool:
+    """A zombie, a process in exit, or one with a SIGKILL pending (Linux /proc; False elsewhere)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp session tty tpgid flags
+    if fields[0] in ("Z", "X", "x") or int(fields[6]) & _PF_EXITING:
+        return True
+    for line in status.splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & _SIGKILL_BIT:
+            return True
+    return False

@@ -18,7 +18,8 @@ import torch
 
 from draftline.data.batch import PackedBatch
 from draftline.monitor.flops import TargetShape, target_flops
-from draftline.pipeline.health import Health, RunAborted, queue_get
+from draftline.pipeline.health import Health, RunAborted
+from draftline.pipeline.waits import queue_get
 from draftline.pipeline.transport import FeatureSender
 
 

@@ -26,7 +26,9 @@ import torch
 import torch.distributed as dist
 
 from draftline.data.batch import PackedBatch
-from draftline.pipeline.health import Health, RunAborted, queue_get, queue_put, wait_for, wait_work
+from draftline.pipeline.health import Health, RunAborted
+from draftline.pipeline.roles import COLOCATED, Role, producer_of
+from draftline.pipeline.waits import queue_get, queue_put, wait_for, wait_work
 
 
 @dataclass
@@ -222,3 +224,36 @@ class DistributedReceiver:
 
     def depth(self) -> int:
         return len(self.pending)
+
+
+# --------------------------------------------------------------------------- choosing one
+def open_transport(
+    role: Role,
+    health: Health,
+    *,
+    q_hs: int,
+    store=None,
+    drafter_seqs: Iterable[int] = (),
+    batch_for: Callable[[int], PackedBatch] | None = None,
+    feature_width: int = 0,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[FeatureSender | None, FeatureReceiver | None]:
+    """The sending end (a target) and the receiving end (a drafter) this rank's role needs.
+
+    Colocated, one in-process channel is both ends. Otherwise a target gets an outbox of its share of
+    ``q_hs`` batches; a drafter claims ``drafter_seqs`` in the store and receives each batch from the
+    target that computes it (rebuilding the batch itself with ``batch_for``).
+    """
+    if role.kind == COLOCATED:
+        channel = InProcessChannel(q_hs, health)
+        return channel, channel
+    if role.is_target:
+        capacity = max(1, -(-q_hs // role.num_targets))
+        return DistributedSender(StoreClaims(store), capacity, health), None
+    receiver = DistributedReceiver(
+        StoreClaims(store, drafter_seqs), rank=role.rank,
+        target_rank=lambda seq: role.target_rank(producer_of(seq, role.num_targets)),
+        prefetch=2, batch_for=batch_for, feature_width=feature_width, device=device, dtype=dtype, health=health,
+    )
+    return None, receiver

@@ -1,0 +1,76 @@
+"""Acceptance during training: speculative decoding on held-out prompts with the drafter as it is.
+
+Which target decodes: colocated, the target thread's own copy (kept with all its layers, paused
+while the drafter decodes); on a separate drafter rank a full copy of the target is loaded once,
+on the first evaluation, beside the drafter: plan its memory when using ``--eval-every``.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import torch
+
+from draftline.config import TrainConfig
+
+
+class InTrainingEvaluation:
+    """Measures tau on the logging rank; prompts and the target copy are loaded on first use."""
+
+    def __init__(self, config: TrainConfig, plan, device: torch.device, dtype: torch.dtype, logger,
+                 target_worker=None):
+        self.config = config
+        self.plan = plan
+        self.device = device
+        self.dtype = dtype
+        self.logger = logger
+        self.target_worker = target_worker  # colocated: decode with its copy
+        self._prompts: list[list[int]] | None = None
+        self._target = None
+
+    def _load_prompts(self) -> list[list[int]]:
+        c = self.config.monitor
+        if c.eval_prompts:
+            from draftline.evaluate.prompts import read_prompts
+
+            return read_prompts(c.eval_prompts, self.config.model.target, limit=c.eval_num_prompts)
+        held = [r["input_ids"] for r in self.plan.dataset.heldout() if r.get("input_ids")]
+        return held[: c.eval_num_prompts]
+
+    def _load_target(self):
+        if self.target_worker is not None:  # colocated: the same copy, all layers kept
+            return self.target_worker.features.model
+        from transformers import AutoModelForCausalLM  # a drafter rank: a full copy, once (bf16 on GPU)
+
+        # Preflight did not count this copy: say so where an out-of-memory would follow.
+        print(f"draftline: loading a full copy of the target on this drafter rank ({self.device}) to measure "
+              "acceptance (--eval-every); colocated runs reuse the target's own copy", flush=True)
+        return AutoModelForCausalLM.from_pretrained(
+            self.config.model.target, dtype=self.dtype).to(self.device).eval().requires_grad_(False)
+
+    def __call__(self, drafter, step: int) -> dict | None:
+        from draftline.evaluate.acceptance import measure_acceptance
+
+        if self._prompts is None:
+            self._prompts = self._load_prompts()
+        if not self._prompts:
+            return None
+        if self._target is None:
+            self._target = self._load_target()
+        start = time.time()
+        was_training = drafter.training
+        drafter.eval()
+        pause = self.target_worker.paused() if self.target_worker is not None else nullcontext()
+        try:
+            with pause, torch.no_grad(), torch.autocast(self.device.type, dtype=self.dtype,
+                                                        enabled=self.dtype != torch.float32):
+                summary = measure_acceptance(self._target, drafter, self._prompts,
+                                             max_new_tokens=self.config.monitor.eval_max_new_tokens)
+        finally:
+            drafter.train(was_training)
+        summary.update(kind="eval", time=time.time(), step=step, seconds=time.time() - start)
+        self.logger.log(summary)
+        print(f"draftline: step {step}: acceptance tau {summary['tau']:.2f} on {summary['num_prompts']} "
+              f"held-out prompts ({summary['seconds']:.1f} s)", flush=True)
+        return summary
