@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import statistics
 import sys
@@ -138,13 +139,17 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
     torch.manual_seed(0)
     embed = torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02
     head = torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02
-    worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head)
+    try:
+        worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head,
+                             compile_layers="compile" in opts)
+    except TypeError:  # an older make_worker (the main branch's bench_line): never compiles itself
+        worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head)
+        if "compile" in opts:
+            from draftline.model.fused import compile_drafter
+
+            compile_drafter(worker.drafter)
     if "chunk2048" in opts:
         worker.objective.settings.head_chunk_rows = 2048
-    if "compile" in opts:
-        from draftline.model.fused import compile_drafter
-
-        compile_drafter(worker.drafter)
     if "ckpt" in opts:
         from draftline.pipeline.drafter_worker import _checkpoint_layers
 
@@ -198,6 +203,7 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
         except Exception as exc:  # noqa: BLE001
             result["kernels"] = [f"failed: {exc!r}"[:300]]
     del worker, deliveries, embed, head
+    gc.collect()  # modules and hooks form cycles
     torch.cuda.empty_cache()
     return result
 
