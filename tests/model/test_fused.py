@@ -76,3 +76,32 @@ def test_compiled_drafter_equals_eager_on_cuda_in_bf16(qwen3_target):
         assert ((out - ref_out).norm() / ref_out.norm()) < 3e-2
         for name, grad in grads.items():  # bf16 rounding of fused chains; a wrong function is off by ~100%
             assert ((grad - ref_grads[name]).norm() / ref_grads[name].norm().clamp_min(1e-12)) < 1e-1, name
+
+
+def test_inference_calls_run_the_eager_code(qwen3_target):
+    """No gradients or an inference cache: the compiled functions are not called (evaluation in training)."""
+    from draftline.model.drafter import ContextCache
+
+    _, drafter = _pair(qwen3_target, torch.device("cpu"))
+    calls = []
+    original = torch.compile
+    try:
+        def counting(fn, dynamic=None):
+            def compiled(*args, **kwargs):
+                calls.append(fn.__name__)
+                return fn(*args, **kwargs)
+            return compiled
+
+        torch.compile = counting
+        compile_drafter(drafter)
+    finally:
+        torch.compile = original
+    _run(drafter, [30], torch.device("cpu"), torch.float32)  # training: every compiled half runs
+    assert {"attention_inputs", "attention_outputs_and_mlp", "project_context", "forward"} <= set(calls)
+    calls.clear()
+    hidden = drafter.config.hidden_size
+    with torch.no_grad():
+        feats = torch.randn(5, len(drafter.target_layer_ids) * hidden)
+        attend = lambda q, k, v, i: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
+        drafter(torch.randn(4, hidden), feats, torch.arange(5, 9), torch.arange(5), attend, ContextCache())
+    assert calls == []
