@@ -12,12 +12,17 @@ Workloads (random bf16 weights built from a config; weights do not matter for sp
   --max-query-rows rows, with the optimizer step;
 - line: (with --line) `draftline train` colocated on one device for --line-steps steps, numbers
   from its metrics.jsonl.
-FLOPs come from draftline.monitor.flops; MFU against the device's peak (known table or measured).
+FLOPs come from draftline.monitor.flops. Two MFU figures: against the GPU's spec dense bf16 peak
+(989 TFLOP/s for an H100/H200, the figure the field quotes) and against the measured matmul
+ceiling (``resolve_peak``: 788 TFLOP/s on the development H200). Peak memory is per role:
+``max_memory_allocated`` after a reset (``max_memory_reserved`` beside it); a drafter row holds one
+batch's features at a time, as the drafter role does.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import statistics
@@ -97,6 +102,21 @@ def packed_batch(lengths: list[int], vocab: int, seed: int, index: int = 0) -> P
     return PackedBatch.from_documents(docs, sample_ids=list(range(index * 1000, index * 1000 + len(docs))), index=index)
 
 
+# Spec dense bf16 tensor-core peaks (no sparsity), by torch device name prefix.
+SPEC_PEAK_BF16 = {"nvidia h200": 989e12, "nvidia h100": 989e12, "nvidia a100": 312e12}
+
+
+def spec_peak(device) -> float:
+    if device.type != "cuda":
+        return float("nan")
+    name = torch.cuda.get_device_name(device).lower()
+    return next((v for k, v in SPEC_PEAK_BF16.items() if name.startswith(k)), float("nan"))
+
+
+def reserved_gib(device) -> float:
+    return torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else float("nan")
+
+
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -107,6 +127,7 @@ def peak_gib(device) -> float:
 
 
 def reset_peak(device):
+    gc.collect()  # modules and hooks form cycles: free the previous row's model before measuring
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -136,15 +157,15 @@ def bench_target(args, device, dtype, peak, rows):
         samples += b.num_docs
     wall = sum(times)
     rows.append(row(f"{args.shape} target, packed {args.budget} tok", "target", tokens / wall, samples / wall,
-                    flops / wall, peak, peak_gib(device)))
+                    flops / wall, peak, peak_gib(device), reserved=reserved_gib(device)))
     del target, model
     return drafter_cfg, layers
 
 
-def make_worker(cfg, device, dtype, max_query_rows, embed, head):
+def make_worker(cfg, device, dtype, max_query_rows, embed, head, head_chunk_rows=4096, compile_layers=True):
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg).to(device=device, dtype=torch.float32)
-    objective = DFlashObjective(drafter, embed, head, ObjectiveSettings(max_anchors=512, head_chunk_rows=4096))
+    objective = DFlashObjective(drafter, embed, head, ObjectiveSettings(max_anchors=512, head_chunk_rows=head_chunk_rows))
     optim_cfg = OptimConfig()
     optimizer = build_optimizer(drafter, optim_cfg)
     scheduler = build_scheduler(optimizer, optim_cfg, 1000)
@@ -153,7 +174,7 @@ def make_worker(cfg, device, dtype, max_query_rows, embed, head):
         objective=objective, optimizer=optimizer, scheduler=scheduler, receiver=None,
         sync=GradSync(list(drafter.parameters()), None, health), health=health, device=device, compute_dtype=dtype,
         batches_per_step=1, start_step=0, total_steps=10**6, max_query_rows=max_query_rows, grad_clip=1.0,
-        max_bad_steps=10**6,
+        max_bad_steps=10**6, compile_layers=compile_layers,
     )
     return worker
 
@@ -163,17 +184,23 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
     width = len(cfg.dflash_config["target_layer_ids"]) * hidden
     embed = (torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02)
     head = (torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02)
-    worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head)
+    worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head, args.head_chunk_rows,
+                         compile_layers=not args.no_compile)
     batches = make_batches()
-    deliveries = [Delivery(b.index, torch.randn(b.num_tokens, width, device=device, dtype=dtype), b) for b in batches]
-    for d in deliveries[:2]:  # warm up (compilation)
-        worker.train_on(d)
+
+    def delivery(b):  # one batch's features at a time, made outside the timed window
+        return Delivery(b.index, torch.randn(b.num_tokens, width, device=device, dtype=dtype), b)
+
+    for b in batches[:2]:  # warm up (compilation)
+        worker.train_on(delivery(b))
         worker.finish_step()
     sync(device)
     reset_peak(device)
     flops_before = worker.counters.flops
     times, tokens, samples = [], 0, 0
-    for d in deliveries[2:]:
+    for b in batches[2:]:
+        d = delivery(b)
+        sync(device)
         start = time.perf_counter()
         worker.train_on(d)
         worker.finish_step()
@@ -181,16 +208,23 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
         times.append(time.perf_counter() - start)
         tokens += d.batch.num_tokens
         samples += d.batch.num_docs
+        del d
     wall = sum(times)
     flops = worker.counters.flops - flops_before
+    per_sample = statistics.median(t / b.num_docs for t, b in zip(times, batches[2:]))
     rows.append(row(name, "drafter", tokens / wall, samples / wall, flops / wall, peak, peak_gib(device),
-                    extra=f"{1000 * wall / samples:.0f} ms/sample"))
-    del worker, deliveries, embed, head
+                    extra=f"{1000 * wall / samples:.0f} ms/sample (median {1000 * per_sample:.0f})",
+                    reserved=reserved_gib(device)))
+    del worker, embed, head
 
 
-def row(workload, role, tok_s, samples_s, flops_s, peak, mem, extra=""):
+SPEC = {"flops": float("nan")}  # set in main() from the device name
+
+
+def row(workload, role, tok_s, samples_s, flops_s, peak, mem, extra="", reserved=float("nan")):
     return {"workload": workload, "role": role, "tokens_s": tok_s, "samples_s": samples_s,
-            "tflops": flops_s / 1e12, "mfu": flops_s / peak.flops, "peak_gib": mem, "note": extra}
+            "tflops": flops_s / 1e12, "mfu": flops_s / peak.flops, "mfu_spec": flops_s / SPEC["flops"],
+            "peak_gib": mem, "reserved_gib": reserved, "note": extra}
 
 
 def line_inputs(shape: str, budget: int, samples: int, workdir: str | None, device: torch.device) -> Path:
@@ -238,16 +272,20 @@ def bench_line(args, device, rows, peak):
         return
     last = train[len(train) // 2 :]  # steady state: the second half of the intervals
     ktok = statistics.median(r["ktok_s"] for r in last)
+    tflops = statistics.median(r["tflops"] for r in last)
     rows.append({"workload": f"{args.shape} line colocated, {args.budget} tok", "role": "target+drafter",
                  "tokens_s": ktok * 1e3, "samples_s": statistics.median(r["samples_s"] for r in last),
-                 "tflops": statistics.median(r["tflops"] for r in last), "mfu": statistics.median(r["mfu"] for r in last),
+                 "tflops": tflops, "mfu": tflops * 1e12 / peak.flops, "mfu_spec": tflops * 1e12 / SPEC["flops"],
+                 "reserved_gib": float("nan"),
                  "peak_gib": max((g.get("mem_used_gib") or 0) for r in last for g in r["gpus"]) or float("nan"),
                  "note": f"q_hs {last[-1]['q_hs']}, drafter wait {last[-1]['drafter_wait']:.0%}"})
 
 
 def print_table(rows, peak, out: Path | None):
-    header = f"{'workload':40s} {'role':15s} {'tok/s':>10s} {'samples/s':>9s} {'TFLOP/s':>8s} {'MFU':>6s} {'peak GiB':>8s}  note"
-    print(f"\nMFU against {peak.describe()}")
+    header = (f"{'workload':40s} {'role':15s} {'tok/s':>10s} {'samples/s':>9s} {'TFLOP/s':>8s} {'MFU':>6s} "
+              f"{'MFU@ceil':>8s} {'peak GiB':>8s} {'reserved':>8s}  note")
+    print(f"\nMFU against the spec dense bf16 peak ({SPEC['flops'] / 1e12:.0f} TFLOP/s); "
+          f"MFU@ceil against the measured ceiling, {peak.describe()}")
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -255,9 +293,11 @@ def print_table(rows, peak, out: Path | None):
             print(f"{r['workload']:40s} {r['role']:15s} {r['note']}")
             continue
         print(f"{r['workload']:40s} {r['role']:15s} {r['tokens_s']:10.0f} {r['samples_s']:9.2f} {r['tflops']:8.1f} "
-              f"{100 * r['mfu']:5.1f}% {r['peak_gib']:8.1f}  {r['note']}")
+              f"{100 * r['mfu_spec']:5.1f}% {100 * r['mfu']:7.1f}% {r['peak_gib']:8.1f} {r['reserved_gib']:8.1f}  "
+              f"{r['note']}")
     if out:
-        out.write_text(json.dumps({"peak": peak.flops, "peak_source": peak.source, "rows": rows}, indent=2))
+        out.write_text(json.dumps({"peak": peak.flops, "peak_source": peak.source, "spec_peak": SPEC["flops"],
+                                   "rows": rows}, indent=2))
 
 
 def main() -> int:
@@ -267,6 +307,8 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=49152)
     parser.add_argument("--max-query-rows", type=int, default=32768)
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--head-chunk-rows", type=int, default=2048, help="rows of logits per LM-head chunk")
+    parser.add_argument("--no-compile", action="store_true", help="drafter layers eager (no torch.compile)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["target", "drafter-3072", "drafter-packed"])
     parser.add_argument("--line", action="store_true", help="also run `draftline train` colocated")
     parser.add_argument("--line-steps", type=int, default=40)
@@ -277,6 +319,7 @@ def main() -> int:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     peak = resolve_peak(device, dtype)
+    SPEC["flops"] = spec_peak(device)
     rows: list[dict] = []
     cfg = build_drafter_config(target_config(args.shape), num_hidden_layers=5, block_size=16)
     steps = [

@@ -166,3 +166,37 @@ def test_document_causal_block_mask_matches_per_document_causal():
             q[:, :, start : start + n], k[:, :, start : start + n], v[:, :, start : start + n], is_causal=True)
         torch.testing.assert_close(out[:, :, start : start + n], ref, rtol=1e-5, atol=1e-5)
         start += n
+
+
+def _full_tiles_by_loop(layout, touched):
+    """The full-tile rule tile by tile (the reference for the vectorised ``block_tiles``)."""
+    from draftline.model.attention import TILE
+
+    block, anchors = layout.block_size, layout.anchor_doc.shape[0]
+    doc_start = {}
+    for i, d in enumerate(layout.context_doc.tolist()):
+        doc_start.setdefault(d, i)
+    ctx_lo = torch.tensor([doc_start.get(d, 0) for d in layout.anchor_doc.tolist()])
+    ctx_hi = ctx_lo + layout.anchor_pos
+    full = torch.zeros_like(touched)
+    for t in range(touched.shape[0]):
+        lo, hi = (t * TILE) // block, min(((t + 1) * TILE - 1) // block, anchors - 1)
+        if lo > hi or (layout.anchor_doc[lo : hi + 1] != layout.anchor_doc[lo]).any():
+            continue
+        start, stop = -(-int(ctx_lo[lo : hi + 1].max()) // TILE), int(ctx_hi[lo : hi + 1].min()) // TILE
+        if stop > start:
+            full[t, start:stop] = True
+    return full
+
+
+@pytest.mark.parametrize("block", [4, 16, 10])
+def test_full_tiles_equal_the_tile_by_tile_rule(block):
+    from draftline.model.attention import block_tiles
+
+    g = torch.Generator().manual_seed(7 + block)
+    lengths = [300, 41, 700, 129, 1000]
+    anchors = [sorted(torch.randperm(n - 1, generator=g)[: min(n - 1, 40)].tolist()) for n in lengths]
+    layout = layout_for(lengths, anchors, block)
+    partial, full = block_tiles(layout, sliding=False)
+    assert full.any()
+    assert torch.equal(full, _full_tiles_by_loop(layout, partial | full))

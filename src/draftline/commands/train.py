@@ -69,6 +69,7 @@ _FLAGS: dict[str, tuple[str, str, object]] = {
     "--head-chunk-rows": ("engine", "head_chunk_rows", int),
     "--max-query-rows": ("engine", "max_query_rows", int),
     "--activation-checkpointing": ("engine", "activation_checkpointing", None),
+    "--no-compile": ("engine", "compile_drafter", "off"),
     "--no-preflight": ("engine", "preflight", "off"),
     "--memory-headroom-gib": ("engine", "memory_headroom_gib", float),
     "--trace": ("engine", "trace", None),

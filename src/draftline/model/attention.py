@@ -145,17 +145,25 @@ def block_tiles(layout: BlockLayout, *, sliding: bool) -> tuple[torch.Tensor, to
     touched = diff.cumsum(-1)[:, :kv_tiles] > 0
     full = torch.zeros_like(touched)
     if not sliding and anchors:
-        q_range = torch.arange(q_tiles)
-        a_lo = (q_range * TILE) // block
-        a_hi = torch.clamp(((q_range + 1) * TILE - 1) // block, max=anchors - 1)
-        for t in range(q_tiles):
-            lo, hi = int(a_lo[t]), int(a_hi[t])
-            if lo > hi or (layout.anchor_doc[lo : hi + 1] != layout.anchor_doc[lo]).any():
-                continue
-            start = -(-int(ctx_lo[lo : hi + 1].max()) // TILE)
-            stop = int(ctx_hi[lo : hi + 1].min()) // TILE
-            if stop > start:
-                full[t, start:stop] = True
+        # A query tile's rows belong to the anchors whose blocks intersect it (q_first..q_last).
+        # Its whole context tiles need no mask when all those anchors share a document: from the
+        # latest document start to the earliest anchor position, in whole tiles.
+        big = torch.iinfo(torch.long).max
+        lo_max = torch.full((q_tiles,), -1, dtype=torch.long)
+        hi_min = torch.full((q_tiles,), big, dtype=torch.long)
+        doc_min = torch.full((q_tiles,), big, dtype=torch.long)
+        doc_max = torch.full((q_tiles,), -1, dtype=torch.long)
+        anchor_doc = layout.anchor_doc.long()
+        for q_tile in (q_first, q_last):
+            lo_max.scatter_reduce_(0, q_tile, ctx_lo, "amax")
+            hi_min.scatter_reduce_(0, q_tile, ctx_hi, "amin")
+            doc_min.scatter_reduce_(0, q_tile, anchor_doc, "amin")
+            doc_max.scatter_reduce_(0, q_tile, anchor_doc, "amax")
+        one_doc = (doc_min == doc_max) & (lo_max >= 0)
+        start = -(-lo_max.clamp(min=0) // TILE)
+        stop = hi_min.clamp(max=kv_tiles * TILE) // TILE
+        kv = torch.arange(kv_tiles)[None, :]
+        full = one_doc[:, None] & (kv >= start[:, None]) & (kv < stop[:, None])
     return touched & ~full, full
 
 

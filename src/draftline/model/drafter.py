@@ -33,7 +33,11 @@ class Attend(Protocol):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in fp32, cast back, then scaled (Qwen3's order of operations)."""
+    """RMSNorm computed in fp32, cast back, then scaled (Qwen3's order of operations).
+
+    The output keeps the input's dtype: with fp32 master weights under bf16 autocast, an fp32
+    ``weight * x`` would make every normed activation (and q/k for attention) fp32.
+    """
 
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -44,7 +48,7 @@ class RMSNorm(nn.Module):
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return (self.weight * x32.to(dtype)).to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -122,6 +126,30 @@ class DrafterAttention(nn.Module):
     def _heads(self, x: torch.Tensor, num_heads: int) -> torch.Tensor:
         return x.view(x.shape[0], num_heads, self.head_dim).transpose(0, 1).unsqueeze(0)
 
+    def project(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor,
+        rope_block: tuple[torch.Tensor, torch.Tensor],
+        rope_context: tuple[torch.Tensor, torch.Tensor],
+        cache: ContextCache | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [1, h, Q, d] of the block rows; k, v [1, kv_h, T + Q, d] of context then block rows."""
+        q = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), *rope_block)
+        # Same projections for context and block: the context is injected as extra keys/values.
+        k_ctx = apply_rope(self.k_norm(self._heads(self.k_proj(context), self.num_kv_heads)), *rope_context)
+        v_ctx = self._heads(self.v_proj(context), self.num_kv_heads)
+        if cache is not None:
+            k_ctx, v_ctx = cache.extend(self.layer_idx, k_ctx, v_ctx)
+        k_blk = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), *rope_block)
+        v_blk = self._heads(self.v_proj(x), self.num_kv_heads)
+        return q, torch.cat([k_ctx, k_blk], dim=2), torch.cat([v_ctx, v_blk], dim=2)
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """Attention output [1, h, Q, d] -> o_proj [Q, H]."""
+        out = out.squeeze(0).transpose(0, 1).reshape(out.shape[2], self.num_heads * self.head_dim)
+        return self.o_proj(out)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -131,19 +159,8 @@ class DrafterAttention(nn.Module):
         attend: Attend,
         cache: ContextCache | None,
     ) -> torch.Tensor:
-        q = apply_rope(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), *rope_block)
-        # Same projections for context and block: the context is injected as extra keys/values.
-        k_ctx = apply_rope(self.k_norm(self._heads(self.k_proj(context), self.num_kv_heads)), *rope_context)
-        v_ctx = self._heads(self.v_proj(context), self.num_kv_heads)
-        if cache is not None:
-            k_ctx, v_ctx = cache.extend(self.layer_idx, k_ctx, v_ctx)
-        k_blk = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), *rope_block)
-        v_blk = self._heads(self.v_proj(x), self.num_kv_heads)
-        k = torch.cat([k_ctx, k_blk], dim=2)
-        v = torch.cat([v_ctx, v_blk], dim=2)
-        out = attend(q, k, v, self.layer_idx)  # [1, h, Q, d]
-        out = out.squeeze(0).transpose(0, 1).reshape(x.shape[0], self.num_heads * self.head_dim)
-        return self.o_proj(out)
+        q, k, v = self.project(x, context, rope_block, rope_context, cache)
+        return self.output(attend(q, k, v, self.layer_idx))
 
 
 class DrafterMLP(nn.Module):
@@ -165,10 +182,20 @@ class DrafterLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, context, rope_block, rope_context, attend, cache):
-        # The context does not pass through input_layernorm; only the block does.
-        x = x + self.self_attn(self.input_layernorm(x), context, rope_block, rope_context, attend, cache)
+    # The layer in two halves around the attention kernel, so that compilation (applied from
+    # outside, see ``draftline.model.fused``) can fuse each half and leave the masked attention alone.
+    def attention_inputs(self, x, context, rope_block, rope_context, cache=None):
+        """q, k, v of this layer. The context does not pass through input_layernorm; only the block does."""
+        return self.self_attn.project(self.input_layernorm(x), context, rope_block, rope_context, cache)
+
+    def attention_outputs_and_mlp(self, x, attn_out):
+        """The residual stream after this layer, from its input ``x`` and the attention output."""
+        x = x + self.self_attn.output(attn_out)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward(self, x, context, rope_block, rope_context, attend, cache):
+        q, k, v = self.attention_inputs(x, context, rope_block, rope_context, cache)
+        return self.attention_outputs_and_mlp(x, attend(q, k, v, self.self_attn.layer_idx))
 
 
 class DFlashDrafter(nn.Module):

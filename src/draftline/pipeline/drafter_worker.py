@@ -13,6 +13,7 @@ plans and builds (``DFlashObjective.passes``: anchors, blocks, labels); each pas
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -20,10 +21,12 @@ import torch
 import torch.distributed as dist
 
 from draftline.errors import DraftlineError
+from draftline.model.fused import compile_drafter
 from draftline.monitor.flops import DrafterShape, drafter_flops_of_blocks
 from draftline.objective.loss import DFlashObjective
 from draftline.objective.metrics import WEIGHT_SUM, metrics_size
 from draftline.pipeline.health import Health
+from draftline.pipeline.optim import scale_and_clip_grads_
 from draftline.pipeline.waits import wait_work
 from draftline.pipeline.transport import Delivery, FeatureReceiver
 
@@ -121,6 +124,7 @@ class DrafterWorker:
         grad_clip: float,
         max_bad_steps: int,
         activation_checkpointing: bool = False,
+        compile_layers: bool = True,
         on_step=None,
         on_batch=None,
         stop_requested=lambda: False,
@@ -151,6 +155,8 @@ class DrafterWorker:
         size = metrics_size(self.block_size)
         self._vector = torch.zeros(size + len(_EXTRA), dtype=torch.float64, device=device)
         self._metrics_size = size
+        if compile_layers and device.type == "cuda":
+            compile_drafter(self.drafter)  # fused norms/RoPE/SwiGLU, fewer saved activations
         if activation_checkpointing:
             _checkpoint_layers(self.drafter)
         health.watch(self.drafter.layers)
@@ -161,7 +167,7 @@ class DrafterWorker:
 
         Returns 'finished' or 'stopped'.
         """
-        self.optimizer.zero_grad(set_to_none=False)
+        self.optimizer.zero_grad(set_to_none=True)
         while self.step < self.total_steps:
             delivery, waited = self.receiver.get()
             self.counters.wait_s += waited
@@ -210,14 +216,11 @@ class DrafterWorker:
         vector = self.sync.all_reduce(self._vector.clone())
         weight = vector[WEIGHT_SUM]
         scale = (1.0 / weight.clamp_min(1e-12)).float()
-        grads = [p.grad for p in self.params if p.grad is not None]
-        torch._foreach_mul_(grads, scale)
-        if self.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
-        else:
-            norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads]))
-        # One host sync per optimizer step: skip the update if the loss or a gradient is not finite.
-        finite = bool(torch.isfinite(norm).item()) and bool(torch.isfinite(vector[0]).item())
+        norm = scale_and_clip_grads_(self.params, scale, self.grad_clip)
+        # One host sync per optimizer step, BEFORE the update is queued (the host then prepares the
+        # next batch while the GPU runs AdamW): skip the update if the loss or a gradient is not finite.
+        norm_host, loss_host, stop_flag = torch.stack([norm.double(), vector[0], vector[-1]]).tolist()
+        finite = math.isfinite(norm_host) and math.isfinite(loss_host)
         if finite:
             self.in_optimizer_step = True  # a failure in here leaves the weights half-updated
             self.optimizer.step()
@@ -227,12 +230,12 @@ class DrafterWorker:
             self.counters.skipped_steps += 1
             self.counters.bad_in_a_row += 1
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=False)
+        self.optimizer.zero_grad(set_to_none=True)  # no gradient memory during the next forward
         self.step += 1
         self.counters.step = self.step
         self.counters.sync_s += time.perf_counter() - start
-        self.counters.last_grad_norm = float(norm)
-        stop = bool(vector[-1].item() > 0)
+        self.counters.last_grad_norm = norm_host
+        stop = stop_flag > 0
         step_vector = vector.clone()
         self._vector.zero_()
         if self.on_step is not None:

@@ -23,6 +23,28 @@ def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.
     return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), fused=on_cuda or None)
 
 
+def scale_and_clip_grads_(params, scale: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Multiply the gradients by ``scale``, then clip their global norm to ``max_norm``, in ONE pass.
+
+    The same result as ``_foreach_mul_(grads, scale)`` followed by ``clip_grad_norm_(max_norm)``
+    (norm of the scaled gradients, factor ``max_norm / (norm + 1e-6)`` capped at 1), but the norm
+    is taken of the unscaled gradients and both factors are applied together: one read-write pass
+    over the fp32 gradients (4.2 GB for an 8B-shaped drafter, ~2 ms on an H200) instead of two.
+    ``max_norm`` <= 0: no clipping. Returns the norm of the scaled gradients (a device tensor; no
+    host synchronisation). Parameters without a gradient are skipped.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=scale.device)
+    norms = torch._foreach_norm(grads, 2.0)
+    norm = torch.linalg.vector_norm(torch.stack([n.float() for n in norms])) * scale.float()
+    factor = scale.float()
+    if max_norm > 0:
+        factor = factor * torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    torch._foreach_mul_(grads, factor.to(grads[0].dtype))
+    return norm
+
+
 def lr_factor(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
     """Multiplier of the peak learning rate at ``step`` (0-based, before the update)."""
     if warmup_steps > 0 and step < warmup_steps:

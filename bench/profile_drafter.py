@@ -1,0 +1,248 @@
+"""Where the drafter step's time and memory go: variants of the step, timed and profiled in one process.
+
+    python bench/profile_drafter.py --variants eager,compile --out /tmp/prof   # on a GPU
+
+Each variant builds a fresh drafter worker (bench_line's), warms it up, times ``--iters`` steps
+(train_on + finish_step, synchronised; median ms/sample), and records peak memory per phase of one
+step (forward, backward, optimizer). Optionally (``--detail``) it also lists the tensors saved for
+backward by source line (autograd saved-tensor hooks, eager only) and the top CUDA kernels of one
+step (torch.profiler). Variants (comma-separated, each a '+'-joined set of options):
+  eager        the step as configured (no compilation), the fused head loss if present
+  plainhead    the eager in-place head loss even on CUDA
+  compile      draftline.model.fused.compile_drafter
+  ckpt         activation checkpointing of every decoder layer
+  chunk2048    2,048 rows of logits per head chunk (default 4,096)
+  packed       the packed 32K-token workload instead of 1 x 3,072 tokens
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_line import lognormal_lengths, make_worker, packed_batch, target_config  # noqa: E402
+
+from draftline.model.config import build_drafter_config  # noqa: E402
+from draftline.monitor.flops import resolve_peak  # noqa: E402
+from draftline.pipeline.transport import Delivery  # noqa: E402
+
+GIB = 2**30
+
+
+def saved_tensor_report(worker, delivery, device, dtype) -> list[str]:
+    """Bytes saved for backward during one forward, grouped by the draftline source line that saved them."""
+    by_line: dict[str, list] = collections.defaultdict(lambda: [0, 0, set()])
+    seen: set[int] = set()
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr() if t.device.type == "cuda" else id(t)
+        if ptr not in seen and t.device.type == "cuda":
+            seen.add(ptr)
+            frames = [f for f in traceback.extract_stack()[:-1] if "draftline" in f.filename]
+            where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno} {frames[-1].line[:60]}" if frames else "?"
+            entry = by_line[where]
+            entry[0] += t.untyped_storage().nbytes()
+            entry[1] += 1
+            entry[2].add(f"{tuple(t.shape)} {str(t.dtype)[6:]}")
+        return t
+
+    objective = worker.objective
+    blocks = objective.blocks(delivery.batch).pin_memory().to(device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast(device.type, dtype=dtype):
+            loss, _ = objective(delivery.features, blocks)
+    total = sum(v[0] for v in by_line.values())
+    lines = [f"saved for backward: {total / GIB:.2f} GiB in {sum(v[1] for v in by_line.values())} storages"]
+    for where, (nbytes, count, shapes) in sorted(by_line.items(), key=lambda kv: -kv[1][0])[:30]:
+        lines.append(f"  {nbytes / GIB:7.3f} GiB  x{count:3d}  {where}  {sorted(shapes)[:2]}")
+    del loss
+    worker.optimizer.zero_grad(set_to_none=False)
+    return lines
+
+
+def phase_memory(worker, delivery, device, dtype) -> dict:
+    """Peak allocated GiB in each phase of one single-pass step."""
+    objective = worker.objective
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    out = {"start": torch.cuda.memory_allocated() / GIB}
+    blocks = objective.blocks(delivery.batch).pin_memory().to(device)
+    with torch.autocast(device.type, dtype=dtype):
+        loss, _ = objective(delivery.features, blocks)
+    torch.cuda.synchronize()
+    out["after_forward"] = torch.cuda.memory_allocated() / GIB
+    out["peak_forward"] = torch.cuda.max_memory_allocated() / GIB
+    torch.cuda.reset_peak_memory_stats()
+    loss.backward()
+    del loss
+    torch.cuda.synchronize()
+    out["peak_backward"] = torch.cuda.max_memory_allocated() / GIB
+    torch.cuda.reset_peak_memory_stats()
+    worker.finish_step()
+    torch.cuda.synchronize()
+    out["peak_optimizer"] = torch.cuda.max_memory_allocated() / GIB
+    out["end"] = torch.cuda.memory_allocated() / GIB
+    return out
+
+
+def kernel_report(worker, delivery, top: int) -> tuple[list[str], dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        worker.train_on(delivery)
+        worker.finish_step()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    events = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
+    kernel_total = sum(e.device_time_total for e in events) / 1e6
+    lines = [f"one profiled step: wall {1000 * wall:.1f} ms (profiler on), GPU kernels {1000 * kernel_total:.1f} ms"]
+    groups = collections.Counter()
+    for e in events:
+        name = e.key.lower()
+        kind = ("gemm" if any(k in name for k in ("gemm", "cutlass", "sm90_x", "nvjet", "matmul")) else
+                "flex/attention" if any(k in name for k in ("flex", "attention", "triton_tem")) else
+                "adam/optimizer" if any(k in name for k in ("adam", "foreach", "multi_tensor")) else
+                "triton (fused)" if "triton" in name else
+                "copy/cast" if any(k in name for k in ("copy", "cast", "memcpy", "memset", "fill")) else
+                "other elementwise/reduce")
+        groups[kind] += e.device_time_total / 1e3
+    for kind, ms in groups.most_common():
+        lines.append(f"  {kind:28s} {ms:8.1f} ms")
+    lines.append("  top kernels:")
+    for e in sorted(events, key=lambda e: -e.device_time_total)[:top]:
+        lines.append(f"  {e.device_time_total / 1e3:8.2f} ms  x{e.count:4d}  {e.key[:110]}")
+    return lines, {"wall_ms": 1000 * wall, "kernel_ms": 1000 * kernel_total, "groups_ms": dict(groups)}
+
+
+def run_variant(name: str, args, device, dtype, peak) -> dict:
+    opts = set(name.split("+"))
+    import draftline.objective.head_loss as head_loss
+
+    if hasattr(head_loss, "fused_on_cuda"):
+        head_loss.fused_on_cuda = "plainhead" not in opts
+    cfg = build_drafter_config(target_config("8b"), num_hidden_layers=5, block_size=16)
+    vocab, hidden = cfg.vocab_size, cfg.hidden_size
+    width = len(cfg.dflash_config["target_layer_ids"]) * hidden
+    torch.manual_seed(0)
+    embed = torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02
+    head = torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02
+    try:
+        worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head,
+                             compile_layers="compile" in opts)
+    except TypeError:  # an older make_worker (the main branch's bench_line): never compiles itself
+        worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head)
+        if "compile" in opts:
+            from draftline.model.fused import compile_drafter
+
+            compile_drafter(worker.drafter)
+    if "chunk2048" in opts:
+        worker.objective.settings.head_chunk_rows = 2048
+    if "ckpt" in opts:
+        from draftline.pipeline.drafter_worker import _checkpoint_layers
+
+        _checkpoint_layers(worker.drafter)
+    n = args.iters + args.warmup
+    if "packed" in opts:
+        batches = [packed_batch(lognormal_lengths(np.random.default_rng(i), 32768), vocab, i, i) for i in range(n)]
+    else:
+        batches = [packed_batch([3072], vocab, i, i) for i in range(n)]
+    deliveries = [Delivery(b.index, torch.randn(b.num_tokens, width, device=device, dtype=dtype), b) for b in batches]
+    result: dict = {"variant": name}
+    t0 = time.perf_counter()
+    for d in deliveries[: args.warmup]:
+        worker.train_on(d)
+        worker.finish_step()
+    torch.cuda.synchronize()
+    result["warmup_s"] = time.perf_counter() - t0
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    flops0 = worker.counters.flops
+    times, samples = [], 0
+    for d in deliveries[args.warmup :]:
+        start = time.perf_counter()
+        worker.train_on(d)
+        worker.finish_step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        samples += d.batch.num_docs
+    per_sample = [t / d.batch.num_docs for t, d in zip(times, deliveries[args.warmup :])]
+    flops = worker.counters.flops - flops0
+    result.update(
+        ms_per_sample_median=1000 * statistics.median(per_sample),
+        ms_per_sample_all=[round(1000 * t, 1) for t in per_sample],
+        tflops=flops / sum(times) / 1e12,
+        mfu_788=flops / sum(times) / peak.flops,
+        mfu_989=flops / sum(times) / 989e12,
+        peak_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
+        peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
+        samples=samples,
+    )
+    if "packed" not in opts:
+        result["phases_gib"] = phase_memory(worker, deliveries[-1], device, dtype)
+    if args.detail and "compile" not in opts and "ckpt" not in opts:
+        try:
+            result["saved_tensors"] = saved_tensor_report(worker, deliveries[-1], device, dtype)
+        except Exception as exc:  # noqa: BLE001 - a report, not the measurement
+            result["saved_tensors"] = [f"failed: {exc!r}"[:300]]
+    if args.detail:
+        try:
+            result["kernels"], result["kernel_summary"] = kernel_report(worker, deliveries[-1], args.top)
+        except Exception as exc:  # noqa: BLE001
+            result["kernels"] = [f"failed: {exc!r}"[:300]]
+    del worker, deliveries, embed, head
+    gc.collect()  # modules and hooks form cycles
+    torch.cuda.empty_cache()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", default="eager")
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--max-query-rows", type=int, default=32768)
+    parser.add_argument("--detail", action="store_true", help="saved-tensor and kernel reports")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    dtype = torch.bfloat16
+    peak = resolve_peak(device, dtype)
+    results = []
+    for name in args.variants.split(","):
+        t0 = time.perf_counter()
+        try:
+            res = run_variant(name, args, device, dtype, peak)
+        except Exception as exc:  # noqa: BLE001 - one failing variant must not hide the others
+            res = {"variant": name, "failed": traceback.format_exc()[-1500:]}
+            print(res["failed"])
+        res["tag"] = args.tag
+        res["total_s"] = time.perf_counter() - t0
+        results.append(res)
+        for line in res.get("saved_tensors", []) + res.get("kernels", []):
+            print(line)
+        brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()
+                 if k not in ("saved_tensors", "kernels", "kernel_summary")}
+        print(json.dumps(brief))
+        sys.stdout.flush()
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

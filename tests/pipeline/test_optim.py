@@ -1,0 +1,35 @@
+"""The one-pass gradient scaling and clipping equals scaling, then torch's clip_grad_norm_."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftline.pipeline.optim import scale_and_clip_grads_
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 0.05, 1e6])
+def test_scale_and_clip_equals_scale_then_clip_grad_norm(max_norm):
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s)) for s in ((7, 3), (5,), (2, 2, 2))]
+    for p in params:
+        p.grad = torch.randn_like(p) * 3
+    params.append(torch.nn.Parameter(torch.randn(4)))  # no gradient: skipped
+    ref = [p.grad.clone() for p in params[:-1]]
+    scale = torch.tensor(1 / 37.0)
+    torch._foreach_mul_(ref, scale)
+    ref_params = [torch.nn.Parameter(torch.zeros_like(g)) for g in ref]
+    for p, g in zip(ref_params, ref):
+        p.grad = g
+    if max_norm > 0:
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref_params, max_norm, foreach=True)
+    else:
+        ref_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in ref]))
+    norm = scale_and_clip_grads_(params, scale, max_norm)
+    torch.testing.assert_close(norm, ref_norm, rtol=1e-6, atol=0)
+    for p, r in zip(params[:-1], ref_params):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-9)
+    assert params[-1].grad is None
+    if 0 < max_norm < ref_norm:
+        clipped = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params[:-1]]))
+        torch.testing.assert_close(clipped, torch.tensor(max_norm), rtol=1e-5, atol=0)
