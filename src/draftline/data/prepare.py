@@ -37,6 +37,7 @@ from draftline.data.template import ChatEncoder, target_vocab_size
 from draftline.errors import DraftlineError
 
 CHUNK_SIZE = 64
+NUM_EXAMPLES = 3  # skipped records named per reason in the summary
 
 
 @dataclass
@@ -209,12 +210,13 @@ def prepare(config: PrepareConfig) -> dict:
     max_length = config.max_length if config.max_length is not None else _default_max_length(target)
     encoder = SampleEncoder(target, config.thinking, max_length, config.overlong)  # fails fast on a bad target
     for source in config.inputs:
-        readers.source_kind(source)  # a missing file fails now, not after an hour of the others
+        readers.check_source(source)  # a missing, empty or binary file fails now, not after an hour of the others
     counts = [readers.count_records(s) for s in config.inputs]
     total = sum(counts) if all(c is not None for c in counts) else None
 
     writer = DatasetWriter(config.out, vocab_size, overwrite=config.overwrite)
     skipped: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}  # the first few skips of each reason, "file:line: detail"
     reservoir = _Reservoir(config.heldout, config.seed)
     num_records = num_truncated = 0
     started = time.perf_counter()
@@ -238,6 +240,8 @@ def prepare(config: PrepareConfig) -> dict:
                             "--strict stops here; fix the record, or drop --strict to skip and count such records"
                         )
                     skipped[reason] += 1
+                    if len(examples.setdefault(reason, [])) < NUM_EXAMPLES:
+                        examples[reason].append(f"{where}" + (f": {detail}" if detail else ""))
                 _write_chunk(writer, reservoir, chunk, result, first_record)
                 progress.advance(task, len(chunk))
 
@@ -255,6 +259,14 @@ def prepare(config: PrepareConfig) -> dict:
                     chunk_done, pending = in_flight.popleft()
                     consume(chunk_done, pending.get())
             progress.update(task, total=num_records, completed=num_records)
+        if len(writer.lengths) == 0 and reservoir.items:
+            raise DraftlineError(f"all {len(reservoir.items)} usable records went to the held-out prompts; lower --heldout")
+        if len(writer.lengths) == 0:
+            counted = ", ".join(f"{n} {reason} (e.g. {examples[reason][0]})" for reason, n in skipped.most_common())
+            raise DraftlineError(
+                f"no usable record in {', '.join(map(str, config.inputs))}: all {num_records} were skipped ({counted}); "
+                "fix the data (the examples name file and line) and run prepare again"
+            )
     except BaseException:
         writer.abort()
         raise
@@ -285,6 +297,7 @@ def prepare(config: PrepareConfig) -> dict:
         "num_heldout": heldout,
         "num_truncated": num_truncated,
         "skipped": dict(sorted(skipped.items())),
+        "skip_examples": dict(sorted(examples.items())),
         "stats": {
             "mean_length": float(lengths.mean()) if len(lengths) else 0.0,
             "p99_length": float(np.percentile(lengths, 99)) if len(lengths) else 0.0,
@@ -343,4 +356,6 @@ def format_stats(meta: dict) -> list[str]:
     lines.append(f"skipped           {sum(skipped.values()):,}" + ("" if skipped else " (none)"))
     for reason, count in skipped.items():
         lines.append(f"  {reason:<22}{count:>8,}  {SKIP_REASONS.get(reason, '')}")
+        for example in meta.get("skip_examples", {}).get(reason, []):
+            lines.append(f"  {'':<22}{'':>8}    e.g. {example}")
     return lines
