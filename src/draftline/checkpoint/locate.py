@@ -26,7 +26,7 @@ def find_drafter_dir(path: str | Path) -> Path:
         return path / "final"
     checkpoints = sorted((path / "checkpoints").glob("step-*")) if (path / "checkpoints").is_dir() else []
     for ckpt in reversed(checkpoints):  # the newest whole one: a cut or corrupt checkpoint is passed over
-        if is_drafter_dir(ckpt / "drafter") and verify_checkpoint(ckpt) is None:
+        if is_drafter_dir(ckpt / "drafter") and verify_checkpoint(ckpt, drafter_only=True) is None:
             return ckpt / "drafter"
     raise DraftlineError(
         f"{path}: no drafter found (looked for config.json + model.safetensors in it, in drafter/, in final/ "

@@ -274,20 +274,21 @@ def _prune(folder: Path, keep: int) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-_VERIFIED: set[tuple[str, float]] = set()  # (checkpoint, manifest mtime) already checked in this process
+_VERIFIED: set[tuple[str, float, bool]] = set()  # (checkpoint, manifest mtime) already checked in this process
 
 
-def verify_checkpoint(path: str | Path) -> str | None:
+def verify_checkpoint(path: str | Path, *, drafter_only: bool = False) -> str | None:
     """Why ``path`` is not a whole checkpoint (a missing file, a size or checksum that differs from
-    its manifest), or None if it is. A checkpoint from before manifests counts if its files exist."""
+    its manifest), or None if it is. A checkpoint from before manifests counts if its files exist.
+    ``drafter_only``: only its ``drafter/`` matters (eval and export)."""
     path = Path(path)
-    if not (path / TRAINER_STATE).is_file():
+    if not drafter_only and not (path / TRAINER_STATE).is_file():
         return f"no {TRAINER_STATE}"
     manifest_file = path / MANIFEST
     if not manifest_file.is_file():
         legacy = (path / "drafter" / WEIGHTS_NAME).is_file() and (path / "drafter" / CONFIG_NAME).is_file()
         return None if legacy else f"no {MANIFEST} and no drafter/{WEIGHTS_NAME}"
-    key = (str(path.resolve()), manifest_file.stat().st_mtime)
+    key = (str(path.resolve()), manifest_file.stat().st_mtime, drafter_only)
     if key in _VERIFIED:
         return None
     try:
@@ -295,6 +296,8 @@ def verify_checkpoint(path: str | Path) -> str | None:
     except (ValueError, KeyError, TypeError):
         return f"{MANIFEST} is unreadable"
     for name, expected in files.items():
+        if drafter_only and not name.startswith("drafter/"):
+            continue
         file = path / name
         if not file.is_file():
             return f"{name} is missing"
