@@ -194,7 +194,7 @@ def _gpu_line(tmp_path, budget, rows=2048):
     train = TrainConfig()
     train.data.token_budget = budget
     train.engine.max_query_rows = rows
-    train.engine.memory_headroom_gib = 0.0
+    train.engine.memory_headroom_gib = 0.25
     objective = DFlashObjective(drafter, target.embed_weight(), target.head_weight(), ObjectiveSettings())
     line = SimpleNamespace(config=train, device=device, role=SimpleNamespace(num_targets=1), dtype=torch.bfloat16,
                            health=SimpleNamespace(info=SimpleNamespace(describe=lambda: "rank 0 (gpu test)")),
@@ -212,7 +212,7 @@ def test_gpu_a_budget_that_fits_is_accepted_and_one_that_does_not_is_refused(tmp
     resident = torch.cuda.memory_allocated()
     total = torch.cuda.mem_get_info()[1]
     try:  # cap the process so that the transient peak at this budget cannot fit: refused, naming what fits
-        torch.cuda.set_per_process_memory_fraction((resident + 0.5 * transient) / total)
+        torch.cuda.set_per_process_memory_fraction((resident + 0.5 * transient + 0.25 * GIB) / total)
         with pytest.raises(DraftlineError) as info:
             preflight.preflight_target(line, target)
         message = str(info.value)

@@ -209,6 +209,25 @@ def _name_failed_rank(run_dir: Path, rank: int, failure, started: float) -> str:
     return message
 
 
+def _die_with_launcher() -> None:
+    """A rank started by torchrun dies with its launcher (Linux): if a node's torchrun is killed, its
+    ranks would otherwise train on as orphans nobody stops, and the other nodes could not see that
+    the node is gone. Dead, they are named by the surviving ranks like any rank that died."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    launcher = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != launcher:  # the launcher died before the line above
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def run(args: argparse.Namespace) -> int:
     from draftline.config import validate
     from draftline.pipeline.run import run_training
@@ -217,4 +236,5 @@ def run(args: argparse.Namespace) -> int:
     validate(config)
     if args.gpus and args.gpus > 1 and "LOCAL_RANK" not in os.environ:
         return _launch(args, list(getattr(args, "argv", sys.argv[2:])), config.out, config.topology.device)
+    _die_with_launcher()
     return run_training(config)

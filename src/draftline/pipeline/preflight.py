@@ -327,6 +327,12 @@ def preflight_drafter(line, objective, optimizer, target=None) -> None:
 def _refuse_drafter(line, budget, rows, peak, fit, limit: MemoryLimit, who, colocated, predicted=False):
     block = line.config.model.block_size
     options = []
+    q_hs = line.config.topology.q_hs
+    if colocated and peak is not None:  # each queued batch of features: budget x width in the compute dtype
+        per_batch = budget * line.feature_width * torch.finfo(line.dtype).bits // 8
+        fewer = q_hs - int(-(-(peak - limit.limit) // per_batch))
+        if 1 <= fewer < q_hs:
+            options.append(f"--q-hs {fewer} (each queued batch of features is {_gib(per_batch)})")
     if fit is not None:
         best_rows = min(fit.largest_rows(limit.limit, budget, block), rows)
         best_budget = min(fit.largest_tokens(limit.limit, rows, 256), budget)
