@@ -94,9 +94,11 @@ class MemoryLimit:
 
 
 def memory_limit(device: torch.device, headroom_gib: float) -> MemoryLimit:
-    free, total = torch.cuda.mem_get_info(device)
-    fraction = torch.cuda.get_per_process_memory_fraction(device) if hasattr(torch.cuda, "get_per_process_memory_fraction") else 1.0
-    return MemoryLimit(float(total), float(fraction), float(free), float(torch.cuda.memory_reserved(device)),
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    free, total = torch.cuda.mem_get_info(index)
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.5
+    fraction = get_fraction(index) if get_fraction is not None else 1.0
+    return MemoryLimit(float(total), float(fraction), float(free), float(torch.cuda.memory_reserved(index)),
                        headroom_gib * _GIB)
 
 
