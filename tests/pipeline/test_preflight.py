@@ -59,9 +59,11 @@ def test_changes_since_the_last_start():
 
 # ---------------------------------------------------------------- the search, with a stand-in peak counter
 @pytest.fixture()
-def cpu_line(qwen3_target, tmp_path):
+def cpu_line(qwen3_target, tmp_path, monkeypatch):
+    monkeypatch.setattr(preflight, "SMALL_TOKENS", 1024)  # the GPU sizes / 8: seconds on CPU
+    monkeypatch.setattr(preflight, "DOC_TOKENS", 256)
     config = TrainConfig()
-    config.data.token_budget = 65536
+    config.data.token_budget = 8192
     config.engine.max_query_rows = 1024
     config.engine.head_chunk_rows = 64
     config.model.block_size = 4
@@ -120,60 +122,62 @@ def test_a_budget_that_fits_is_measured_small_then_verified_once(cpu_line, count
     line, target, objective, optimizer = cpu_line
     _limit(monkeypatch, 100 * GIB)
     transient = preflight.preflight_target(line, target)
-    assert counter["calls"] == [(8192, 0), (16384, 0), (65536, 0)]  # two small sizes, one verification
-    assert transient == pytest.approx(TARGET_LAW(65536))
+    assert counter["calls"] == [(1024, 0), (2048, 0), (8192, 0)]  # two small sizes, one verification
+    assert transient == pytest.approx(TARGET_LAW(8192))
     counter["calls"].clear()
     before = {k: v.clone() for k, v in objective.drafter.state_dict().items()}
     preflight.preflight_drafter(line, objective, optimizer, target)
-    assert counter["calls"] == [(8192, 64), (8192, 128), (16384, 64), (65536, 1024)]
+    assert counter["calls"] == [(1024, 64), (1024, 128), (2048, 64), (8192, 1024)]
     for name, value in objective.drafter.state_dict().items():  # the drafter is as it was
         torch.testing.assert_close(value, before[name], rtol=0, atol=0)
     printed = capsys.readouterr().out
-    assert "preflight: target (rank 0 (test)): peak memory at 8,192 and 16,384 tokens, extrapolated to --token-budget 65,536" in printed
+    assert "preflight: target (rank 0 (test)): peak memory at 1,024 and 2,048 tokens, extrapolated to --token-budget 8,192" in printed
     assert "preflight: drafter: " in printed and "verifying at that size" in printed and "within the 100.0 GiB limit" in printed
     assert "(50% of the device's" in printed  # the limit quoted is the process's share
 
 
 def test_a_budget_that_does_not_fit_is_refused_from_the_fit_with_what_fits(cpu_line, counter, monkeypatch):
     line, target, objective, optimizer = cpu_line
-    limit = TARGET_LAW(40_000)
+    limit = TARGET_LAW(5000)
     _limit(monkeypatch, limit)
     with pytest.raises(DraftlineError) as info:
         preflight.preflight_target(line, target)
-    assert counter["calls"] == [(8192, 0), (16384, 0)]  # no full-size run, no search by repeated runs
+    assert counter["calls"] == [(1024, 0), (2048, 0)]  # no full-size run, no search by repeated runs
     message = str(info.value)
     best = int(re.search(r"pass --token-budget (\d+)", message).group(1))
-    assert best == 39936 and TARGET_LAW(best) <= limit < TARGET_LAW(best + 256)
-    assert "needs 4.4 GiB (predicted) at --token-budget 65,536" in message and "50% of the device" in message
+    assert best == 4864 and TARGET_LAW(best) <= limit < TARGET_LAW(best + 256)
+    assert f"needs {TARGET_LAW(8192) / GIB:.1f} GiB (predicted) at --token-budget 8,192" in message
+    assert "50% of the device" in message
 
     # the drafter, colocated: the target's transient peak counts; both budget and rows are offered
     line.target_preflight_fit = LinearPeak(0.0, TARGET_LAW.per_token)
     both = LinearPeak(DRAFTER_LAW.base, DRAFTER_LAW.per_token + TARGET_LAW.per_token, DRAFTER_LAW.per_row)
-    _limit(monkeypatch, both(65536, 512))
+    _limit(monkeypatch, both(8192, 512))
     counter["calls"].clear()
     with pytest.raises(DraftlineError) as info:
         preflight.preflight_drafter(line, objective, optimizer, target)
     message = str(info.value)
-    rows = int(re.search(r"--max-query-rows (\d+) \(at --token-budget 65536\)", message).group(1))
+    rows = int(re.search(r"--max-query-rows (\d+) \(at --token-budget 8192\)", message).group(1))
     budget = int(re.search(r"--token-budget (\d+) \(at --max-query-rows 1024\)", message).group(1))
-    assert rows == 512 and both(budget, 1024) <= both(65536, 512) < both(budget + 256, 1024)
+    assert rows == 512 and both(budget, 1024) <= both(8192, 512) < both(budget + 256, 1024)
     assert "colocated with the target" in message and "--activation-checkpointing" in message
-    assert (65536, 1024) not in counter["calls"]
+    assert (8192, 1024) not in counter["calls"]
 
 
 def test_a_resume_says_what_changed(cpu_line, counter, monkeypatch, capsys):
     line, target, *_ = cpu_line
+    line.config.data.token_budget = 2048  # measured directly: one pass
     _limit(monkeypatch, 100 * GIB)
     preflight.preflight_target(line, target)
     assert (line.run_dir / "preflight" / "rank-0.json").is_file()
     line.start_step = 40  # a resume
-    line.config.data.token_budget = 32768
+    line.config.data.token_budget = 1024
     _limit(monkeypatch, 60 * GIB)
     capsys.readouterr()
     preflight.preflight_target(line, target)
     printed = capsys.readouterr().out
     assert "target: since the start this checkpoint's run was preflighted: " in printed
-    assert "free device memory 204.0 GiB -> 124.0 GiB" in printed and "token_budget 65536 -> 32768" in printed
+    assert "free device memory 204.0 GiB -> 124.0 GiB" in printed and "token_budget 2048 -> 1024" in printed
 
 
 # ---------------------------------------------------------------- on a GPU, measured for real
