@@ -84,6 +84,7 @@ def cpu_line(qwen3_target, tmp_path, monkeypatch):
 
 TARGET_LAW = LinearPeak(base=2 * GIB, per_token=40_000)
 DRAFTER_LAW = LinearPeak(base=1 * GIB, per_token=60_000, per_row=200_000)
+OPTIMIZER_STATE = 0.5 * GIB
 
 
 @pytest.fixture()
@@ -103,8 +104,10 @@ def counter(monkeypatch):
     def measure(_device, fn):
         fn()
         law = DRAFTER_LAW if sizes["rows"] else TARGET_LAW
+        first_drafter_pass = sizes["rows"] and not any(rows for _, rows in sizes["calls"])
         sizes["calls"].append((sizes["tokens"], sizes["rows"]))
-        return law(sizes["tokens"], sizes["rows"])
+        # as on a GPU: the first drafter pass allocates the optimizer state, so its peak lacks it
+        return law(sizes["tokens"], sizes["rows"]) - (OPTIMIZER_STATE if first_drafter_pass else 0)
 
     monkeypatch.setattr(preflight, "_synthetic_batch", batch)
     monkeypatch.setattr(blocks_module, "build_blocks", blocks)
@@ -127,7 +130,8 @@ def test_a_budget_that_fits_is_measured_small_then_verified_once(cpu_line, count
     counter["calls"].clear()
     before = {k: v.clone() for k, v in objective.drafter.state_dict().items()}
     preflight.preflight_drafter(line, objective, optimizer, target)
-    assert counter["calls"] == [(1024, 64), (1024, 128), (2048, 64), (8192, 1024)]
+    # a warm-up pass (not in the fit), three small sizes, one verification
+    assert counter["calls"] == [(1024, 64), (1024, 64), (1024, 128), (2048, 64), (8192, 1024)]
     for name, value in objective.drafter.state_dict().items():  # the drafter is as it was
         torch.testing.assert_close(value, before[name], rtol=0, atol=0)
     printed = capsys.readouterr().out

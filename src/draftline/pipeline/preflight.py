@@ -208,7 +208,9 @@ def preflight_target(line, target) -> float:
             fit = LinearPeak.fit(points + [(budget, 0, peak)])
     if peak is None or peak > limit.limit:
         _refuse_target(line, budget, peak, fit, limit, who)
-    line.target_preflight_fit = LinearPeak(fit.base - resident, fit.per_token)  # the colocated drafter adds it
+    # Colocated, the drafter adds this transient and counts the hidden-state queue itself: without the outbox.
+    outbox_per_token = outbox * width * torch.finfo(line.dtype).bits // 8
+    line.target_preflight_fit = LinearPeak(fit.base - resident, max(fit.per_token - outbox_per_token, 0.0))
     seconds = time.perf_counter() - started
     _say(f"target: {_gib(peak)} peak at --token-budget {budget:,}, within the {_gib(limit.limit)} limit ({seconds:.1f} s)")
     _record(line, "target", {"token_budget": budget, "peak_bytes": peak, "seconds": seconds, **asdict(limit)})
@@ -242,14 +244,16 @@ def preflight_drafter(line, objective, optimizer, target=None) -> None:
     extra = getattr(line, "target_preflight_fit", None) if colocated else None
     if colocated and extra is None:
         extra = LinearPeak(float(getattr(line, "target_preflight", 0.0)))
-    queued_batches = (config.topology.q_hs + 1) if colocated else 3  # queue (or receive prefetch) + the one in use
+    # Feature batches alive besides the one being trained: colocated, the queue (the one the target is
+    # producing is in the target's transient); else the receive prefetch.
+    queued_batches = config.topology.q_hs if colocated else 3
     vocab = objective.embed_weight.shape[0]
     limit = memory_limit(device, config.engine.memory_headroom_gib)
     who = line.health.info.describe()
     saved = {k: v.detach().cpu().clone() for k, v in drafter.state_dict().items()}
     lrs = [group["lr"] for group in optimizer.param_groups]
 
-    def run(tokens: int, query_rows: int) -> float | None:
+    def run(tokens: int, query_rows: int, quiet: bool = False) -> float | None:
         anchors_n = max(1, min(query_rows // block, tokens - block - 1))
         batch = _synthetic_batch(tokens, vocab)
         # Anchors late in their documents: the most visible keys per query (spread over the documents).
@@ -279,6 +283,8 @@ def preflight_drafter(line, objective, optimizer, target=None) -> None:
         peak = _measure(device, body)
         if peak is not None and extra is not None:
             peak += extra(tokens)
+        if quiet:
+            return peak
         _say(f"drafter at {tokens:,} tokens x {anchors_n * block:,} query rows: "
              f"{'out of memory' if peak is None else _gib(peak)}{' incl. the target' if colocated else ''} "
              f"({time.perf_counter() - t0:.1f} s)")
@@ -293,6 +299,11 @@ def preflight_drafter(line, objective, optimizer, target=None) -> None:
          + (f"; extrapolated to --token-budget {budget:,} x --max-query-rows {rows:,}" if points_at != [(budget, rows)] else "")
          + f"; {limit.describe()}")
     try:
+        # A first pass compiles the kernels and allocates the AdamW state, which later passes find resident:
+        # measured, it would not be like the others (the fit's slopes would carry the optimizer state).
+        t0 = time.perf_counter()
+        run(*points_at[0], quiet=True)
+        _say(f"drafter: warm-up pass (kernels compiled, optimizer state allocated) {time.perf_counter() - t0:.1f} s")
         points = []
         for tokens, query_rows in points_at:
             peak = run(tokens, query_rows)
