@@ -100,6 +100,8 @@ def _bad_files(tmp_path, conversation):
     files["json_not_utf8"] = (tmp_path / "latin1.json", r"latin1\.json: not UTF-8 text .*re-save it as UTF-8")
     (tmp_path / "text.jsonl").write_text("hello, this is a plain text file\n")
     files["plain_text"] = (tmp_path / "text.jsonl", r"text\.jsonl: does not start with a JSON object")
+    (tmp_path / "utf16.jsonl").write_bytes(jsonl_text.encode("utf-16"))
+    files["utf16"] = (tmp_path / "utf16.jsonl", r"utf16\.jsonl: not a text JSONL file: it is UTF-16 text; re-save it as UTF-8")
     gz = gzip.compress(jsonl_text.encode())
     (tmp_path / "cut.jsonl.gz").write_bytes(gz[: len(gz) // 2])
     files["truncated_gzip"] = (tmp_path / "cut.jsonl.gz", r"cut\.jsonl\.gz: the gzip stream is cut or corrupt")
@@ -110,7 +112,7 @@ def _bad_files(tmp_path, conversation):
 
 FILE_CASES = ["empty", "blank", "empty_json_list", "binary", "parquet_named_jsonl", "jsonl_named_parquet", "truncated_parquet",
               "zero_byte_parquet", "json_array_named_jsonl", "truncated_json", "json_not_utf8", "plain_text",
-              "truncated_gzip", "gzip_named_jsonl"]
+              "truncated_gzip", "gzip_named_jsonl", "utf16"]
 
 
 def test_unreadable_files_are_errors_naming_the_file_and_the_fix(chat_target, conversation, tmp_path, capsys):
@@ -143,3 +145,10 @@ def test_the_summary_names_the_first_skipped_records(chat_target, conversation, 
     assert main(["prepare", "--target", str(chat_target), "--input", str(path), "--out", str(tmp_path / "ds"), "--workers", "1"]) == 0
     printed = capsys.readouterr().out
     assert "bad_bytes" in printed and f"e.g. {path}:3: invalid UTF-8 at byte" in printed
+
+
+def test_a_utf8_byte_order_mark_is_fine(chat_target, conversation, tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(conversation(i)) + "\n" for i in range(3)).encode())
+    meta = prepare(_config(chat_target, [path], tmp_path / "ds"))
+    assert meta["num_samples"] == 3 and meta["skipped"] == {}

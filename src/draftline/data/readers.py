@@ -91,12 +91,15 @@ def _is_hf_name(source: str) -> bool:
 
 
 _SNIFF_BYTES = 1 << 16
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, as some Windows tools write
 _MAGIC = {b"PAR1": "a Parquet file", b"\x1f\x8b": "gzip-compressed", b"PK\x03\x04": "a zip archive", b"\x89PNG": "a PNG image",
           b"%PDF": "a PDF", b"\x7fELF": "a program (ELF)", b"\x93NUMPY": "a NumPy array"}
 
 
 def _what_binary(head: bytes) -> str | None:
     """What a file that should be text looks like instead, or None if it looks like text."""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "UTF-16 text"
     for magic, what in _MAGIC.items():
         if head.startswith(magic):
             return what
@@ -111,10 +114,12 @@ def _open_binary(path: Path):
 
 
 def _head(path: Path) -> bytes:
-    """The first bytes of the file's content (uncompressed for .gz); errors name the file."""
+    """The first bytes of the file's content (uncompressed for .gz, without a UTF-8 BOM); errors name the file."""
     try:
         with _open_binary(path) as f:
-            return f.read(_SNIFF_BYTES)
+            return f.read(_SNIFF_BYTES).removeprefix(_BOM)
+    except PermissionError as exc:
+        raise DraftlineError(f"{path}: cannot be read ({exc.strerror}); check its permissions") from None
     except (gzip.BadGzipFile, EOFError, OSError) as exc:
         raise DraftlineError(f"{path}: the gzip stream is cut or corrupt ({exc}); re-compress it, or name it .jsonl if it is plain text") from None
 
@@ -134,7 +139,8 @@ def check_source(source: str | Path, default_kind: str | None = None) -> str:
     head = _head(path)
     what = _what_binary(head)
     if what:
-        hint = {"a Parquet file": "rename it to .parquet", "gzip-compressed": "name it .jsonl.gz"}.get(what, "pass the JSONL, JSON or Parquet data itself")
+        hint = {"a Parquet file": "rename it to .parquet", "gzip-compressed": "name it .jsonl.gz",
+                "UTF-16 text": "re-save it as UTF-8"}.get(what, "pass the JSONL, JSON or Parquet data itself")
         raise DraftlineError(f"{path}: not a text {kind.upper()} file: it is {what}; {hint}")
     if not head.strip():
         raise DraftlineError(f"{path}: holds only whitespace (no records); remove it from the inputs or re-export the data")
@@ -153,6 +159,8 @@ def _read_jsonl(path: Path) -> Iterator[SourceRecord]:
     try:
         with _open_binary(path) as f:
             for line_no, line in enumerate(f, 1):
+                if line_no == 1:
+                    line = line.removeprefix(_BOM)
                 if line.strip():
                     yield SourceRecord(f"{path}:{line_no}", index, line)
                     index += 1
