@@ -92,6 +92,8 @@ def _bad_files(tmp_path, conversation):
     files["truncated_parquet"] = (tmp_path / "cut.parquet", r"cut\.parquet: not a readable Parquet file; it is truncated or corrupt")
     _parquet(tmp_path / "zero.parquet", records[:0] or [{"messages": []}]).write_bytes(b"")
     files["zero_byte_parquet"] = (tmp_path / "zero.parquet", r"zero\.parquet: empty file")
+    pq.write_table(pa.Table.from_pylist(records).slice(0, 0), tmp_path / "no_rows.parquet")
+    files["zero_row_parquet"] = (tmp_path / "no_rows.parquet", r"no_rows\.parquet: a Parquet file with 0 rows")
     (tmp_path / "array.jsonl").write_text(json.dumps(records, indent=2))
     files["json_array_named_jsonl"] = (tmp_path / "array.jsonl", r"array\.jsonl: starts with '\[', a JSON array.*name it \.json")
     (tmp_path / "cut.json").write_text(json.dumps(records)[:-40])
@@ -112,7 +114,7 @@ def _bad_files(tmp_path, conversation):
 
 FILE_CASES = ["empty", "blank", "empty_json_list", "binary", "parquet_named_jsonl", "jsonl_named_parquet", "truncated_parquet",
               "zero_byte_parquet", "json_array_named_jsonl", "truncated_json", "json_not_utf8", "plain_text",
-              "truncated_gzip", "gzip_named_jsonl", "utf16"]
+              "truncated_gzip", "gzip_named_jsonl", "utf16", "zero_row_parquet"]
 
 
 def test_unreadable_files_are_errors_naming_the_file_and_the_fix(chat_target, conversation, tmp_path, capsys):

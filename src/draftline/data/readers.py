@@ -134,7 +134,8 @@ def check_source(source: str | Path, default_kind: str | None = None) -> str:
     if path.stat().st_size == 0:
         raise DraftlineError(f"{path}: empty file (0 bytes, no records); remove it from the inputs or re-export the data")
     if kind == "parquet":
-        _parquet_file(path)
+        if _parquet_file(path).metadata.num_rows == 0:
+            raise DraftlineError(f"{path}: a Parquet file with 0 rows; remove it from the inputs or re-export the data")
         return kind
     head = _head(path)
     what = _what_binary(head)
