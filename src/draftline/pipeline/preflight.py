@@ -219,7 +219,7 @@ def preflight_target(line, target) -> float:
 
 def _refuse_target(line, budget, peak, fit, limit: MemoryLimit, who: str, predicted: bool = False):
     config = line.config
-    best = fit.largest_tokens(limit.limit, 0, 256) if fit is not None else 0
+    best = min(fit.largest_tokens(limit.limit, 0, 256), budget - 256) if fit is not None else 0
     needed = "more than it may use (out of memory)" if peak is None else f"{_gib(peak)}{' (predicted)' if predicted else ''}"
     raise DraftlineError(
         f"preflight: the target ({who}) needs {needed} at --token-budget {budget:,} with q_hs {config.topology.q_hs}; "
@@ -347,8 +347,8 @@ def _refuse_drafter(line, budget, rows, peak, fit, limit: MemoryLimit, who, colo
         if 1 <= fewer < q_hs:
             options.append(f"--q-hs {fewer} (each queued batch of features is {_gib(per_batch)})")
     if fit is not None:
-        best_rows = min(fit.largest_rows(limit.limit, budget, block), rows)
-        best_budget = min(fit.largest_tokens(limit.limit, rows, 256), budget)
+        best_rows = min(fit.largest_rows(limit.limit, budget, block), rows - block)
+        best_budget = min(fit.largest_tokens(limit.limit, rows, 256), budget - 256)
         if best_rows >= block:
             options.append(f"--max-query-rows {best_rows} (at --token-budget {budget})")
         if best_budget >= 256:
