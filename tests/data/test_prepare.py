@@ -136,3 +136,16 @@ def test_malformed_line_is_skipped_and_counted_and_strict_stops_there(chat_targe
     assert meta["skip_examples"]["malformed_json"][0].startswith(f"{path}:3: ")
     with pytest.raises(DraftlineError, match=r"a\.jsonl:3: malformed JSON .*--strict stops here"):
         prepare(_config(chat_target, [path], tmp_path / "strict", workers=2, strict=True))
+
+
+def test_workers_end_although_the_parent_handles_sigterm(chat_target, mixed_input, tmp_path):
+    """An in-process `train` installs SIGTERM handlers; forked workers must not inherit them, or
+    pool.terminate() at the end of prepare cannot stop a worker and prepare hangs."""
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        meta = prepare(_config(chat_target, [mixed_input], tmp_path / "ds", workers=2))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert meta["num_samples"] == 41

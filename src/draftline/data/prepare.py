@@ -22,6 +22,7 @@ import json
 import multiprocessing
 import os
 import random
+import signal
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -144,6 +145,11 @@ _WORKER: SampleEncoder | None = None
 
 def _init_worker(*args) -> None:
     global _WORKER
+    # A worker forked from a process that installed Python signal handlers (an in-process `train`
+    # does) inherits them: the SIGTERM of pool.terminate() would then set a flag in a worker blocked
+    # on its task queue instead of ending it, and prepare would hang at the end.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
     _WORKER = SampleEncoder(*args)
 
