@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from draftline.checkpoint.export import save_drafter
-from draftline.checkpoint.state import TrainerState, load_checkpoint, save_checkpoint, wait_for_checkpoint
+from draftline.checkpoint.state import TrainerState, load_checkpoint, save_checkpoint
 from draftline.config import TrainConfig, validate
 from draftline.errors import DraftlineError
 from draftline.model.target import TargetFeatures, load_embedding_and_head
@@ -384,7 +384,7 @@ class Line:
               f"held-out prompts ({summary['seconds']:.1f} s)", flush=True)
         return summary
 
-    def save_checkpoint(self, wait: bool = False) -> Path:
+    def save_checkpoint(self) -> Path:
         if self.monitor is None:  # a drafter standing in for a dead rank 0
             self.last_save_time = time.time()
         w = self.worker
@@ -397,7 +397,7 @@ class Line:
             config=self.config.to_dict(),
         )
         path = save_checkpoint(self.run_dir, drafter=w.drafter, optimizer=w.optimizer, scheduler=w.scheduler,
-                               state=state, keep=self.config.checkpoint.keep, wait=wait)
+                               state=state, keep=self.config.checkpoint.keep)
         self.last_save_time = time.time()
         self.saved = path
         return path
@@ -411,7 +411,7 @@ class Line:
             if self.monitor is not None:
                 self.monitor.stop()
         if self.role.is_logging:
-            self.save_checkpoint(wait=True)  # the final (or SIGTERM) checkpoint is on disk before the exit
+            self.save_checkpoint()
             if status == "finished":
                 final = save_drafter(self.worker.drafter, self.run_dir / "final", dtype=torch.bfloat16)
                 print(f"draftline: finished at step {self.worker.step}; drafter in {final}")
@@ -461,7 +461,7 @@ class Line:
         saver = self.role.is_logging or (self.role.is_drafter and self.role.index == 1 and self.health.failed_rank == 0)
         if saver and self.worker is not None and not self.worker.in_optimizer_step:
             try:
-                path = self.save_checkpoint(wait=True)
+                path = self.save_checkpoint()
                 print(f"draftline: checkpoint of the last completed step ({self.worker.step}) saved to {path}; "
                       "fix the cause and run the same command with --resume", file=sys.stderr, flush=True)
             except BaseException as save_exc:  # noqa: BLE001
@@ -527,10 +527,6 @@ def run_training(config: TrainConfig) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         if code != 0:
-            try:  # a periodic checkpoint still being written: finish it (os._exit would cut it)
-                wait_for_checkpoint()
-            except DraftlineError as exc:
-                print(f"draftline: {exc}", file=sys.stderr, flush=True)
             os._exit(code)  # peers may be dead: tearing down the process group could hang
         dist.destroy_process_group()
     return code
