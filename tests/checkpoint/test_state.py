@@ -187,3 +187,15 @@ def test_a_write_cut_by_a_crash_is_invisible_and_cleaned_up(trainer, tmp_path):
     assert latest_checkpoint(tmp_path) == first
     _save(tmp_path, trainer, 3, wait=True)
     assert not stale.exists()  # pruned with the next save
+
+
+def test_a_save_while_handling_a_failure_is_on_disk_when_it_returns(trainer, tmp_path, monkeypatch):
+    """The failure path saves, then the process may end with os._exit: that save must not be left to the thread."""
+    release = threading.Event()
+    real_write = ckpt._write
+    monkeypatch.setattr(ckpt, "_write", lambda *args: (release.wait(0.5), real_write(*args))[1])
+    try:
+        raise RuntimeError("a rank died")
+    except RuntimeError:
+        path = _save(tmp_path, trainer, 7)
+        assert verify_checkpoint(path) is None  # written before save_checkpoint returned

@@ -174,13 +174,13 @@ def test_a_resume_says_what_changed(cpu_line, counter, monkeypatch, capsys):
     _limit(monkeypatch, 100 * GIB)
     preflight.preflight_target(line, target)
     assert (line.run_dir / "preflight" / "rank-0.json").is_file()
-    line.start_step = 40  # a resume
+    assert "since the previous start" not in capsys.readouterr().out  # the first start compares with nothing
     line.config.data.token_budget = 1024
     _limit(monkeypatch, 60 * GIB)
     capsys.readouterr()
     preflight.preflight_target(line, target)
     printed = capsys.readouterr().out
-    assert "target: since the start this checkpoint's run was preflighted: " in printed
+    assert f"target: since the previous start in {line.run_dir}: " in printed
     assert "free device memory 204.0 GiB -> 124.0 GiB" in printed and "token_budget 2048 -> 1024" in printed
 
 

@@ -18,8 +18,10 @@ Saving does not stall training longer than a copy to host memory:
                       -> ``latest`` replaced atomically -> prune to the last ``keep``
 
 ``wait_for_checkpoint()`` blocks until the write in flight is on disk and raises its error; the
-training loop calls it after its final (or SIGTERM, or failure) save and before the process exits.
-A failed write (a full disk) leaves the previous checkpoints and ``latest`` as they were.
+training loop calls it after its final (or SIGTERM) save and before the process exits (a normal exit
+waits for the writer thread anyway; ``os._exit`` would not). A save during exception handling is
+written before it returns. A failed write (a full disk) leaves the previous checkpoints and ``latest``
+as they were.
 """
 
 from __future__ import annotations
@@ -233,12 +235,13 @@ def save_checkpoint(
 
     Waits first for the previous write (and raises its error, a ``DraftlineError``). Returns the
     directory the checkpoint will have; ``wait=True`` (or ``wait_for_checkpoint()``) returns once it is
-    on disk.
+    on disk. A save made while an exception is being handled (a failure's last checkpoint) waits too:
+    the process may end with ``os._exit`` right after, which would cut a background write.
     """
     _WRITER.wait()
     snapshot = _snapshot(drafter, optimizer, scheduler, state)
     path = _WRITER.start(snapshot, Path(run_dir), keep)
-    if wait:
+    if wait or sys.exc_info()[0] is not None:
         _WRITER.wait()
     return path
 

@@ -414,9 +414,9 @@ def _record(line, role: str, result: dict) -> None:
         previous = json.loads(path.read_text())
     except (OSError, ValueError):
         previous = {}
-    if role in previous and getattr(line, "start_step", 0) > 0:
+    if role in previous:  # a resume (or a restart) of this run directory: what is not as it was
         changed = changes(previous[role], result)
-        _say(f"{role}: since the start this checkpoint's run was preflighted: " + ("; ".join(changed) if changed else "nothing changed"))
+        _say(f"{role}: since the previous start in {run_dir}: " + ("; ".join(changed) if changed else "nothing changed"))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
