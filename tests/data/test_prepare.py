@@ -129,7 +129,23 @@ def test_prepare_cli_end_to_end(chat_target, mixed_input, tmp_path, capsys):
     assert code == 2 and "mixed.jsonl:41" in capsys.readouterr().err
 
 
-def test_malformed_line_stops_prepare_naming_file_and_line(chat_target, conversation, write_jsonl, tmp_path):
-    path = write_jsonl(tmp_path / "a.jsonl", [conversation(0), conversation(1), '{"messages": [}'])
-    with pytest.raises(DraftlineError, match=r"a\.jsonl:3: malformed JSON"):
-        prepare(_config(chat_target, [path], tmp_path / "ds", workers=2))
+def test_malformed_line_is_skipped_and_counted_and_strict_stops_there(chat_target, conversation, write_jsonl, tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", [conversation(0), conversation(1), '{"messages": [}', conversation(2)])
+    meta = prepare(_config(chat_target, [path], tmp_path / "ds", workers=2))
+    assert meta["num_samples"] == 3 and meta["skipped"] == {"malformed_json": 1}
+    assert meta["skip_examples"]["malformed_json"][0].startswith(f"{path}:3: ")
+    with pytest.raises(DraftlineError, match=r"a\.jsonl:3: malformed JSON .*--strict stops here"):
+        prepare(_config(chat_target, [path], tmp_path / "strict", workers=2, strict=True))
+
+
+def test_workers_end_although_the_parent_handles_sigterm(chat_target, mixed_input, tmp_path):
+    """An in-process `train` installs SIGTERM handlers; forked workers must not inherit them, or
+    pool.terminate() at the end of prepare cannot stop a worker and prepare hangs."""
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        meta = prepare(_config(chat_target, [mixed_input], tmp_path / "ds", workers=2))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert meta["num_samples"] == 41

@@ -56,8 +56,10 @@ def test_malformed_line_names_file_and_line(tmp_path, conversation, write_jsonl)
     path = write_jsonl(tmp_path / "bad.jsonl", [conversation(0), "", '{"messages": [oops'])
     records = list(readers.read_source(path))
     readers.decode(records[0])
-    with pytest.raises(DraftlineError, match=r"bad\.jsonl:3: malformed JSON"):
+    assert records[1].where == f"{path}:3"
+    with pytest.raises(SkipRecord) as info:
         readers.decode(records[1])
+    assert info.value.reason == readers.MALFORMED_JSON and "column" in info.value.detail
 
 
 def test_missing_file_and_hub_name_without_datasets(tmp_path):

@@ -74,7 +74,7 @@ def test_resume_after_a_kill_has_no_duplicates_and_nothing_missing(tmp_path, con
     indices = [line["source_index"] for line in _lines(out)]
     assert sorted(indices) == list(range(11)) and _lines(out)[:6] == first
     failed = {f["source_index"]: f for f in _lines(failed_path(out))}
-    assert failed[11]["kind"] == "unknown_role" and failed[12]["kind"] == "malformed_record"
+    assert failed[11]["kind"] == "unknown_role" and failed[12]["kind"] == "malformed_json"
     assert "in.jsonl:13" in failed[12]["where"]
     # a third run has nothing left but the failures, which it retries and reports again
     stats = regenerate(source, out, EchoGenerator(), group_size=3, progress=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftline.checkpoint.export import is_drafter_dir
+from draftline.checkpoint.state import verify_checkpoint
 from draftline.errors import DraftlineError
 
 
@@ -24,8 +25,8 @@ def find_drafter_dir(path: str | Path) -> Path:
     if is_drafter_dir(path / "final"):
         return path / "final"
     checkpoints = sorted((path / "checkpoints").glob("step-*")) if (path / "checkpoints").is_dir() else []
-    for ckpt in reversed(checkpoints):
-        if is_drafter_dir(ckpt / "drafter"):
+    for ckpt in reversed(checkpoints):  # the newest whole one: a cut or corrupt checkpoint is passed over
+        if is_drafter_dir(ckpt / "drafter") and verify_checkpoint(ckpt, drafter_only=True) is None:
             return ckpt / "drafter"
     raise DraftlineError(
         f"{path}: no drafter found (looked for config.json + model.safetensors in it, in drafter/, in final/ "

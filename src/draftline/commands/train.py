@@ -12,80 +12,100 @@ import json
 import os
 import sys
 import time
+import types
+import typing
 from pathlib import Path
 
-from draftline.config import TrainConfig, apply_dict, load_config_file
+from draftline.config import TrainConfig, apply_dict, field_types, load_config_file
 
-# flag -> (section, field, type); None type = boolean switch
-_FLAGS: dict[str, tuple[str, str, object]] = {
-    "--target": ("model", "target", str),
-    "--draft-layers": ("model", "draft_layers", int),
-    "--block-size": ("model", "block_size", int),
-    "--target-layer-ids": ("model", "target_layer_ids", lambda s: [int(x) for x in s.split(",")]),
-    "--mask-token-id": ("model", "mask_token_id", int),
-    "--sliding-window": ("model", "sliding_window", int),
-    "--layer-types": ("model", "layer_types", lambda s: s.split(",")),
-    "--init-drafter": ("model", "init_drafter", str),
-    "--init-from-target": ("model", "init_from_target", None),
-    "--dtype": ("model", "dtype", str),
-    "--token-budget": ("data", "token_budget", int),
-    "--max-batch-size": ("data", "max_batch_size", int),
-    "--max-anchors": ("data", "max_anchors", int),
-    "--max-length": ("data", "max_length", int),
-    "--epochs": ("data", "epochs", int),
-    "--seed": ("data", "seed", int),
-    "--lr": ("optim", "lr", float),
-    "--min-lr-ratio": ("optim", "min_lr_ratio", float),
-    "--warmup-ratio": ("optim", "warmup_ratio", float),
-    "--weight-decay": ("optim", "weight_decay", float),
-    "--grad-clip": ("optim", "grad_clip", float),
-    "--grad-accum": ("optim", "grad_accum", int),
-    "--loss-gamma": ("optim", "loss_gamma", float),
-    "--distill": ("optim", "distill", float),
-    "--global-batch-tokens": ("optim", "global_batch_tokens", int),
-    "--max-steps": ("optim", "max_steps", int),
-    "--targets": ("topology", "targets", int),
-    "--drafters": ("topology", "drafters", int),
-    "--colocated": ("topology", "colocated", None),
-    "--q-pre": ("topology", "q_pre", int),
-    "--q-hs": ("topology", "q_hs", int),
-    "--device": ("topology", "device", str),
-    "--failure-timeout": ("topology", "failure_timeout_s", float),
-    "--save-every": ("checkpoint", "every_steps", int),
-    "--save-every-minutes": ("checkpoint", "every_minutes", float),
-    "--keep": ("checkpoint", "keep", int),
-    "--resume": ("checkpoint", "resume", None),
-    "--from-scratch": ("checkpoint", "from_scratch", None),
-    "--log-every": ("monitor", "interval_s", float),
-    "--no-tensorboard": ("monitor", "tensorboard", "off"),
-    "--wandb": ("monitor", "wandb", None),
-    "--wandb-project": ("monitor", "wandb_project", str),
-    "--eval-every": ("monitor", "eval_every", int),
-    "--eval-prompts": ("monitor", "eval_prompts", str),
-    "--eval-num-prompts": ("monitor", "eval_num_prompts", int),
-    "--eval-max-new-tokens": ("monitor", "eval_max_new_tokens", int),
-    "--peak-tflops": ("monitor", "peak_tflops", float),
-    "--attention": ("engine", "attention", str),
-    "--head-chunk-rows": ("engine", "head_chunk_rows", int),
-    "--max-query-rows": ("engine", "max_query_rows", int),
-    "--activation-checkpointing": ("engine", "activation_checkpointing", None),
-    "--no-compile": ("engine", "compile_drafter", "off"),
-    "--no-preflight": ("engine", "preflight", "off"),
-    "--memory-headroom-gib": ("engine", "memory_headroom_gib", float),
-    "--trace": ("engine", "trace", None),
+# flag -> (section, field). The flag's type comes from the field's annotation in draftline.config (one
+# typed source for flags and config files): int/float/str as such, list[...] comma-separated, bool a switch.
+_FLAGS: dict[str, tuple[str, str]] = {
+    "--target": ("model", "target"),
+    "--draft-layers": ("model", "draft_layers"),
+    "--block-size": ("model", "block_size"),
+    "--target-layer-ids": ("model", "target_layer_ids"),
+    "--mask-token-id": ("model", "mask_token_id"),
+    "--sliding-window": ("model", "sliding_window"),
+    "--layer-types": ("model", "layer_types"),
+    "--init-drafter": ("model", "init_drafter"),
+    "--init-from-target": ("model", "init_from_target"),
+    "--dtype": ("model", "dtype"),
+    "--token-budget": ("data", "token_budget"),
+    "--max-batch-size": ("data", "max_batch_size"),
+    "--max-anchors": ("data", "max_anchors"),
+    "--max-length": ("data", "max_length"),
+    "--epochs": ("data", "epochs"),
+    "--seed": ("data", "seed"),
+    "--lr": ("optim", "lr"),
+    "--min-lr-ratio": ("optim", "min_lr_ratio"),
+    "--warmup-ratio": ("optim", "warmup_ratio"),
+    "--weight-decay": ("optim", "weight_decay"),
+    "--grad-clip": ("optim", "grad_clip"),
+    "--grad-accum": ("optim", "grad_accum"),
+    "--loss-gamma": ("optim", "loss_gamma"),
+    "--distill": ("optim", "distill"),
+    "--global-batch-tokens": ("optim", "global_batch_tokens"),
+    "--max-steps": ("optim", "max_steps"),
+    "--targets": ("topology", "targets"),
+    "--drafters": ("topology", "drafters"),
+    "--colocated": ("topology", "colocated"),
+    "--q-pre": ("topology", "q_pre"),
+    "--q-hs": ("topology", "q_hs"),
+    "--device": ("topology", "device"),
+    "--failure-timeout": ("topology", "failure_timeout_s"),
+    "--save-every": ("checkpoint", "every_steps"),
+    "--save-every-minutes": ("checkpoint", "every_minutes"),
+    "--keep": ("checkpoint", "keep"),
+    "--resume": ("checkpoint", "resume"),
+    "--from-scratch": ("checkpoint", "from_scratch"),
+    "--log-every": ("monitor", "interval_s"),
+    "--no-tensorboard": ("monitor", "tensorboard"),
+    "--wandb": ("monitor", "wandb"),
+    "--wandb-project": ("monitor", "wandb_project"),
+    "--eval-every": ("monitor", "eval_every"),
+    "--eval-prompts": ("monitor", "eval_prompts"),
+    "--eval-num-prompts": ("monitor", "eval_num_prompts"),
+    "--eval-max-new-tokens": ("monitor", "eval_max_new_tokens"),
+    "--peak-tflops": ("monitor", "peak_tflops"),
+    "--attention": ("engine", "attention"),
+    "--head-chunk-rows": ("engine", "head_chunk_rows"),
+    "--max-query-rows": ("engine", "max_query_rows"),
+    "--activation-checkpointing": ("engine", "activation_checkpointing"),
+    "--no-compile": ("engine", "compile_drafter"),
+    "--no-preflight": ("engine", "preflight"),
+    "--memory-headroom-gib": ("engine", "memory_headroom_gib"),
+    "--trace": ("engine", "trace"),
 }
+_OFF_SWITCHES = {"--no-tensorboard", "--no-compile", "--no-preflight"}  # these turn a default-on bool field off
 
 
 def _help(section: str, name: str) -> str:
-    import dataclasses
-
-    from draftline import config as cfg
-
-    cls = {"model": cfg.ModelConfig, "data": cfg.DataConfig, "optim": cfg.OptimConfig, "topology": cfg.TopologyConfig,
-           "checkpoint": cfg.CheckpointConfig, "monitor": cfg.MonitorConfig, "engine": cfg.EngineConfig}[section]
-    default = next(f for f in dataclasses.fields(cls) if f.name == name)
-    default = default.default if default.default is not dataclasses.MISSING else default.default_factory()
+    default = getattr(getattr(TrainConfig(), section), name)
     return f"{section}.{name} (default {default!r})"
+
+
+def _flag_type(section: str, name: str):
+    """The argparse type of a field's flag, from its annotation (``X | None`` as ``X``)."""
+    hint = field_types(type(getattr(TrainConfig(), section)))[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
+        hint = args[0]
+    if hint is bool:
+        return bool
+    if typing.get_origin(hint) is list:
+        item = typing.get_args(hint)[0]
+
+        def comma_list(text: str) -> list:
+            try:
+                return [item(x) for x in text.split(",")]
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"expected comma-separated {item.__name__} values, got {text!r}") from None
+
+        comma_list.__name__ = f"comma-separated {item.__name__} list"
+        return comma_list
+    assert hint in (int, float, str), f"{section}.{name}: a flag for type {hint} needs a parser here"
+    return hint
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,11 +115,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", "--nproc", dest="gpus", type=int,
                         help="launch this many processes on this node with torchrun (one per GPU; with --device cpu, CPU processes)")
     parser.add_argument("--max-restarts", type=int, default=0, help="with --gpus: torchrun restarts after a failure (each resumes)")
-    for flag, (section, name, kind) in _FLAGS.items():
-        if kind is None:
-            parser.add_argument(flag, action="store_true", default=None, help=_help(section, name))
-        elif kind == "off":
+    for flag, (section, name) in _FLAGS.items():
+        kind = _flag_type(section, name)
+        if flag in _OFF_SWITCHES:
             parser.add_argument(flag, action="store_false", default=None, help=f"turn off {_help(section, name)}")
+        elif kind is bool:
+            parser.add_argument(flag, action="store_true", default=None, help=_help(section, name))
         else:
             parser.add_argument(flag, type=kind, help=_help(section, name))
 
@@ -109,7 +130,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.config:
         apply_dict(config, load_config_file(args.config), args.config)
     overrides: dict[str, dict] = {}
-    for flag, (section, name, _kind) in _FLAGS.items():
+    for flag, (section, name) in _FLAGS.items():
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             overrides.setdefault(section, {})[name] = value
@@ -191,6 +212,25 @@ def _name_failed_rank(run_dir: Path, rank: int, failure, started: float) -> str:
     return message
 
 
+def _die_with_launcher() -> None:
+    """A rank started by torchrun dies with its launcher (Linux): if a node's torchrun is killed, its
+    ranks would otherwise train on as orphans nobody stops, and the other nodes could not see that
+    the node is gone. Dead, they are named by the surviving ranks like any rank that died."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    launcher = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != launcher:  # the launcher died before the line above
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def run(args: argparse.Namespace) -> int:
     from draftline.config import validate
     from draftline.pipeline.run import run_training
@@ -199,4 +239,5 @@ def run(args: argparse.Namespace) -> int:
     validate(config)
     if args.gpus and args.gpus > 1 and "LOCAL_RANK" not in os.environ:
         return _launch(args, list(getattr(args, "argv", sys.argv[2:])), config.out, config.topology.device)
+    _die_with_launcher()
     return run_training(config)

@@ -22,6 +22,7 @@ import json
 import multiprocessing
 import os
 import random
+import signal
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from draftline.data.template import ChatEncoder, target_vocab_size
 from draftline.errors import DraftlineError
 
 CHUNK_SIZE = 64
+NUM_EXAMPLES = 3  # skipped records named per reason in the summary
 
 
 @dataclass
@@ -143,6 +145,11 @@ _WORKER: SampleEncoder | None = None
 
 def _init_worker(*args) -> None:
     global _WORKER
+    # A worker forked from a process that installed Python signal handlers (an in-process `train`
+    # does) inherits them: the SIGTERM of pool.terminate() would then set a flag in a worker blocked
+    # on its task queue instead of ending it, and prepare would hang at the end.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
     _WORKER = SampleEncoder(*args)
 
@@ -209,12 +216,13 @@ def prepare(config: PrepareConfig) -> dict:
     max_length = config.max_length if config.max_length is not None else _default_max_length(target)
     encoder = SampleEncoder(target, config.thinking, max_length, config.overlong)  # fails fast on a bad target
     for source in config.inputs:
-        readers.source_kind(source)  # a missing file fails now, not after an hour of the others
+        readers.check_source(source)  # a missing, empty or binary file fails now, not after an hour of the others
     counts = [readers.count_records(s) for s in config.inputs]
     total = sum(counts) if all(c is not None for c in counts) else None
 
     writer = DatasetWriter(config.out, vocab_size, overwrite=config.overwrite)
     skipped: Counter[str] = Counter()
+    examples: dict[str, list[str]] = {}  # the first few skips of each reason, "file:line: detail"
     reservoir = _Reservoir(config.heldout, config.seed)
     num_records = num_truncated = 0
     started = time.perf_counter()
@@ -238,6 +246,8 @@ def prepare(config: PrepareConfig) -> dict:
                             "--strict stops here; fix the record, or drop --strict to skip and count such records"
                         )
                     skipped[reason] += 1
+                    if len(examples.setdefault(reason, [])) < NUM_EXAMPLES:
+                        examples[reason].append(f"{where}" + (f": {detail}" if detail else ""))
                 _write_chunk(writer, reservoir, chunk, result, first_record)
                 progress.advance(task, len(chunk))
 
@@ -255,6 +265,14 @@ def prepare(config: PrepareConfig) -> dict:
                     chunk_done, pending = in_flight.popleft()
                     consume(chunk_done, pending.get())
             progress.update(task, total=num_records, completed=num_records)
+        if len(writer.lengths) == 0 and reservoir.items:
+            raise DraftlineError(f"all {len(reservoir.items)} usable records went to the held-out prompts; lower --heldout")
+        if len(writer.lengths) == 0:
+            counted = ", ".join(f"{n} {reason} (e.g. {examples[reason][0]})" for reason, n in skipped.most_common())
+            raise DraftlineError(
+                f"no usable record in {', '.join(map(str, config.inputs))}: all {num_records} were skipped ({counted}); "
+                "fix the data (the examples name file and line) and run prepare again"
+            )
     except BaseException:
         writer.abort()
         raise
@@ -285,6 +303,7 @@ def prepare(config: PrepareConfig) -> dict:
         "num_heldout": heldout,
         "num_truncated": num_truncated,
         "skipped": dict(sorted(skipped.items())),
+        "skip_examples": dict(sorted(examples.items())),
         "stats": {
             "mean_length": float(lengths.mean()) if len(lengths) else 0.0,
             "p99_length": float(np.percentile(lengths, 99)) if len(lengths) else 0.0,
@@ -343,4 +362,6 @@ def format_stats(meta: dict) -> list[str]:
     lines.append(f"skipped           {sum(skipped.values()):,}" + ("" if skipped else " (none)"))
     for reason, count in skipped.items():
         lines.append(f"  {reason:<22}{count:>8,}  {SKIP_REASONS.get(reason, '')}")
+        for example in meta.get("skip_examples", {}).get(reason, []):
+            lines.append(f"  {'':<22}{'':>8}    e.g. {example}")
     return lines

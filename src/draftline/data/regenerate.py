@@ -131,7 +131,7 @@ def regenerate(input_path: str | Path, out: str | Path, generator: Generator, *,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     out = Path(out)
-    readers.source_kind(input_path)
+    readers.check_source(input_path)
     if Path(input_path).resolve() == out.resolve():
         raise DraftlineError(f"--out {out} is the input file; write the regenerated data to a new file")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,12 +7,11 @@ One JSON object per line (blank lines are skipped):
 - else ``messages`` (OpenAI) or ``conversations`` (ShareGPT): the turns before the first assistant
   turn, rendered with the target's chat template and its generation prompt.
 
-Every error names the file and line.
+Every error names the file and line. The file is read by ``draftline.data.readers``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from draftline.data import readers
@@ -35,26 +34,23 @@ def _token_ids(value, where: str, vocab_size: int) -> list[int]:
 def read_prompts(
     path: str | Path, target_dir: str | Path, *, limit: int | None = None, thinking: bool | None = None
 ) -> list[list[int]]:
-    """The prompts of ``path`` as token ids, in file order (the first ``limit`` if given)."""
+    """The prompts of ``path`` as token ids, in file order (the first ``limit`` if given).
+
+    The file is read by ``draftline.data.readers`` (the one JSONL path; JSON and Parquet work too);
+    unlike ``prepare``, a record that cannot be a prompt stops here, naming its file and line.
+    """
     path = Path(path)
     if not path.is_file():
         raise DraftlineError(f"{path}: no such file; --prompts takes a JSONL file")
     vocab_size = target_vocab_size(target_dir)
     encoder: ChatEncoder | None = None
     prompts: list[list[int]] = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if limit is not None and len(prompts) >= limit:
-                break
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DraftlineError(f"{where}: malformed JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(record, dict):
-                raise DraftlineError(f"{where}: expected a JSON object with input_ids or messages")
+    for source_record in readers.read_source(path, default_kind="jsonl"):
+        if limit is not None and len(prompts) >= limit:
+            break
+        where = source_record.where
+        try:
+            record = readers.decode(source_record)
             if "input_ids" in record:
                 prompts.append(_token_ids(record["input_ids"], where, vocab_size))
                 continue
@@ -62,12 +58,12 @@ def read_prompts(
                 raise DraftlineError(f"{where}: neither input_ids nor messages (keys: {sorted(record)[:8]})")
             if encoder is None:  # only files with conversations need the tokenizer
                 encoder = ChatEncoder(target_dir, thinking=thinking)
-            try:
-                messages = readers.prompt_messages(readers.conversation_to_regenerate(record))
-                prompts.append(encoder.prompt_ids(messages))
-            except readers.SkipRecord as exc:
-                reason = readers.SKIP_REASONS.get(exc.reason, exc.reason)
-                raise DraftlineError(f"{where}: {reason}" + (f" ({exc.detail})" if exc.detail else "")) from None
+            messages = readers.prompt_messages(readers.conversation_to_regenerate(record))
+            prompts.append(encoder.prompt_ids(messages))
+        except readers.SkipRecord as exc:
+            reason = readers.SKIP_REASONS.get(exc.reason, exc.reason)
+            raise DraftlineError(f"{where}: {reason}" + (f" ({exc.detail})" if exc.detail else "")
+                                 + "; fix or remove the record") from None
     if not prompts:
         raise DraftlineError(f"{path}: no prompts in the file")
     return prompts

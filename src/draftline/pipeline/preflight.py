@@ -1,42 +1,110 @@
-"""Preflight: run each role's worst-case batch before training, refuse what would not fit.
+"""Preflight: measure each role's peak memory before training, refuse what would not fit.
 
 A configuration that fits at step 1 can still run out of memory hours later: the largest batch
 comes by chance, the optimizer state is allocated at the first step, a library update takes a few
-hundred MB more. So before training each GPU role runs its worst case on synthetic data:
+hundred MB more. So before training each GPU role checks its worst case on synthetic data:
 
-- target: ``token_budget`` tokens in one document through the layers it runs, plus the features
-  that wait in its outbox;
+- target: ``token_budget`` tokens through the layers it runs, plus the features that wait in its
+  outbox;
 - drafter: one pass of ``max_query_rows`` block rows over a ``token_budget``-token context,
   forward, backward and an optimizer step (AdamW state allocated), plus its receive buffers; in
   the colocated mode also the target's transient peak and the hidden-state queue.
 
-If the peak plus ``memory_headroom_gib`` exceeds the device, the run is refused with the largest
-token budget (or query rows) that fits, found by halving and bisecting with real runs.
+Fast at any budget, because peak memory is linear in tokens and rows and compute need not be:
+
+1. measure at two or three small sizes (seconds) and fit ``peak = a + b * tokens (+ c * rows)``;
+2. if the fit says the configuration does not fit, refuse at once with the largest token budget and
+   query rows that do (from the fit, so no search by repeated full runs);
+3. else verify once at the configured size.
+
+The synthetic batches are packed documents of ``DOC_TOKENS`` tokens: flex attention materialises no
+score matrix, so memory does not depend on how tokens split into documents, while one document
+of the whole budget would cost quadratic attention time (minutes at 262K tokens) to learn nothing more.
+
+The limit is what this process may really use: the device's memory times the allocator's
+per-process fraction (``torch.cuda.set_per_process_memory_fraction``), and no more than is free now
+plus what this process already holds, minus ``memory_headroom_gib``. Each start records the limit,
+the peaks and the library versions in ``RUN_DIR/preflight/rank-N.json``; a resume says what changed.
 """
 
 from __future__ import annotations
 
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
 import torch
 
 from draftline.data.batch import PackedBatch
 from draftline.errors import DraftlineError
 
 _GIB = 2**30
+DOC_TOKENS = 2048
+"""Tokens per synthetic document (see the module docstring)."""
+SMALL_TOKENS = 8192
+"""The first measured size; the second is twice it. A budget up to 2x this is measured directly."""
+
+
+def _say(message: str) -> None:
+    print(f"draftline: preflight: {message}", flush=True)
+
+
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / _GIB:.1f} GiB"
 
 
 def _synthetic_batch(num_tokens: int, vocab_size: int) -> PackedBatch:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab_size, (num_tokens,), generator=g)
-    return PackedBatch(ids, torch.ones(num_tokens, dtype=torch.bool), torch.tensor([num_tokens]), torch.tensor([0]))
+    lengths = [DOC_TOKENS] * (num_tokens // DOC_TOKENS) + ([num_tokens % DOC_TOKENS] if num_tokens % DOC_TOKENS else [])
+    return PackedBatch(ids, torch.ones(num_tokens, dtype=torch.bool), torch.tensor(lengths), torch.tensor([0]))
 
 
-def _capacity(device: torch.device) -> float:
-    free, total = torch.cuda.mem_get_info(device)
-    return total
+# ---------------------------------------------------------------------------------------- the limit
+@dataclass
+class MemoryLimit:
+    """What this process may allocate on its device."""
+
+    total: float  # the device's memory
+    fraction: float  # the caching allocator's per-process fraction (1.0 unless set)
+    free: float  # free on the device now (other processes and this one's cache excluded)
+    reserved: float  # held by this process's allocator now
+    headroom: float  # kept free by preflight (memory_headroom_gib)
+
+    @property
+    def usable(self) -> float:
+        return min(self.total * self.fraction, self.free + self.reserved)
+
+    @property
+    def limit(self) -> float:
+        return self.usable - self.headroom
+
+    def describe(self) -> str:
+        if self.free + self.reserved < self.total * self.fraction:
+            why = f"{_gib(self.free)} free on the device + {_gib(self.reserved)} this process holds; other processes use the rest"
+        elif self.fraction < 1.0:
+            why = f"{self.fraction:.0%} of the device's {_gib(self.total)} (torch.cuda.set_per_process_memory_fraction)"
+        else:
+            why = f"the whole device, {_gib(self.total)}"
+        return f"limit {_gib(self.limit)} = {_gib(self.usable)} this process may use ({why}) - {_gib(self.headroom)} headroom"
 
 
+def memory_limit(device: torch.device, headroom_gib: float) -> MemoryLimit:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    free, total = torch.cuda.mem_get_info(index)
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.5
+    fraction = get_fraction(index) if get_fraction is not None else 1.0
+    return MemoryLimit(float(total), float(fraction), float(free), float(torch.cuda.memory_reserved(index)),
+                       headroom_gib * _GIB)
+
+
+# ---------------------------------------------------------------------------------------- measuring
 def _measure(device: torch.device, fn) -> float | None:
-    """Peak bytes allocated by ``fn`` (None if it ran out of memory)."""
+    """Peak bytes allocated while ``fn`` runs (None if it ran out of memory)."""
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
@@ -49,78 +117,151 @@ def _measure(device: torch.device, fn) -> float | None:
     return float(torch.cuda.max_memory_allocated(device))
 
 
-def _largest_fitting(fits, upper: int, lower_bound: int) -> int | None:
-    """Largest value in [lower_bound, upper) for which ``fits`` holds (halving, then 4 bisection steps)."""
-    bad, good = upper, None
-    value = upper // 2
-    while value >= lower_bound:
-        if fits(value):
-            good = value
-            break
-        bad, value = value, value // 2
-    if good is None:
-        return None
-    for _ in range(4):
-        middle = (good + bad) // 2
-        if middle in (good, bad):
-            break
-        if fits(middle):
-            good = middle
-        else:
-            bad = middle
-    return good
+@dataclass
+class LinearPeak:
+    """``peak = base + per_token * tokens + per_row * rows``, fitted to measured points."""
+
+    base: float
+    per_token: float = 0.0
+    per_row: float = 0.0
+
+    def __call__(self, tokens: int, rows: int = 0) -> float:
+        return self.base + self.per_token * tokens + self.per_row * rows
+
+    @classmethod
+    def fit(cls, points: list[tuple[int, int, float]]) -> "LinearPeak":
+        """Least squares over ``(tokens, rows, peak)``; a size that does not vary gets no slope."""
+        data = np.asarray(points, dtype=np.float64)
+        columns = [np.ones(len(data))]
+        varies = [len(set(data[:, i])) > 1 for i in (0, 1)]
+        for i in (0, 1):
+            if varies[i]:
+                columns.append(data[:, i])
+        coef, *_ = np.linalg.lstsq(np.stack(columns, axis=1), data[:, 2], rcond=None)
+        coef = list(coef)
+        base = coef.pop(0)
+        per_token = max(coef.pop(0), 0.0) if varies[0] else 0.0
+        per_row = max(coef.pop(0), 0.0) if varies[1] else 0.0
+        return cls(float(base), float(per_token), float(per_row))
+
+    def largest_tokens(self, limit: float, rows: int, multiple: int) -> int:
+        """The largest multiple of ``multiple`` tokens whose predicted peak is within ``limit`` (0 if none)."""
+        if self.per_token <= 0:
+            return 0
+        return max(0, int((limit - self.base - self.per_row * rows) / self.per_token) // multiple * multiple)
+
+    def largest_rows(self, limit: float, tokens: int, multiple: int) -> int:
+        if self.per_row <= 0:
+            return 0
+        return max(0, int((limit - self.base - self.per_token * tokens) / self.per_row) // multiple * multiple)
 
 
+def _sizes(full: int, small: int, floor: int) -> list[int]:
+    """Measured sizes on one axis: the full size if it is small, else ``small`` and ``2 * small``."""
+    if full <= 2 * small:
+        return [full]
+    return [max(small, floor), max(2 * small, 2 * floor)]
+
+
+# ---------------------------------------------------------------------------------------- target
 def preflight_target(line, target) -> float:
     """Worst-case target batch; returns its transient peak (bytes above the resident model)."""
     config, device = line.config, line.device
+    started = time.perf_counter()
     budget = config.data.token_budget
     width = target.feature_width
     outbox = max(1, -(-config.topology.q_hs // line.role.num_targets)) + 1
     vocab = target.embed_weight().shape[0]
-    resident = float(torch.cuda.memory_allocated(device))
+    resident = float(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0.0
+    limit = memory_limit(device, config.engine.memory_headroom_gib)
+    who = line.health.info.describe()
 
-    def run(tokens: int):
+    def run(tokens: int) -> float | None:
         def body():
             queued = torch.empty(outbox * tokens, width, device=device, dtype=line.dtype)
             target(_synthetic_batch(tokens, vocab))
             del queued
-        return _measure(device, body)
 
-    limit = _capacity(device) - config.engine.memory_headroom_gib * _GIB
-    peak = run(budget)
-    if peak is None or peak > limit:
-        best = _largest_fitting(lambda b: (p := run(b)) is not None and p <= limit, budget, 256)
-        raise DraftlineError(
-            f"preflight: the target ({line.health.info.describe()}) needs "
-            f"{'more than the device has' if peak is None else f'{peak / _GIB:.1f} GiB'} at --token-budget {budget} "
-            f"with q_hs {config.topology.q_hs} (limit {limit / _GIB:.1f} GiB incl. {config.engine.memory_headroom_gib} GiB headroom); "
-            + (f"the largest budget that fits is {best}: pass --token-budget {best}" if best else
-               "even small budgets do not fit: the target does not fit on this device")
-        )
-    print(f"draftline: preflight target: {peak / _GIB:.1f} GiB peak at --token-budget {budget} "
-          f"(device {_capacity(device) / _GIB:.0f} GiB)")
+        t0 = time.perf_counter()
+        peak = _measure(device, body)
+        _say(f"target at {tokens:,} tokens: {'out of memory' if peak is None else _gib(peak)} ({time.perf_counter() - t0:.1f} s)")
+        return peak
+
+    sizes = _sizes(budget, SMALL_TOKENS, 256)
+    _say(f"target ({who}): peak memory at {' and '.join(f'{s:,}' for s in sizes)} tokens"
+         + (f", extrapolated to --token-budget {budget:,}" if len(sizes) > 1 else "") + f"; {limit.describe()}")
+    points = []
+    for size in sizes:
+        peak = run(size)
+        if peak is None:
+            _refuse_target(line, budget, None, None, limit, who)
+        points.append((size, 0, peak))
+    fit = LinearPeak.fit(points)
+    peak = points[-1][2] if len(sizes) == 1 else None
+    if peak is None:
+        predicted = fit(budget)
+        if predicted > limit.limit:
+            _refuse_target(line, budget, predicted, fit, limit, who, predicted=True)
+        _say(f"target: {_gib(predicted)} predicted at {budget:,} tokens; verifying at that size")
+        peak = run(budget)
+        if peak is not None:
+            fit = LinearPeak.fit(points + [(budget, 0, peak)])
+    if peak is None or peak > limit.limit:
+        _refuse_target(line, budget, peak, fit, limit, who)
+    # Colocated, the drafter adds this transient and counts the hidden-state queue itself: without the outbox.
+    outbox_per_token = outbox * width * torch.finfo(line.dtype).bits // 8
+    line.target_preflight_fit = LinearPeak(fit.base - resident, max(fit.per_token - outbox_per_token, 0.0))
+    seconds = time.perf_counter() - started
+    _say(f"target: {_gib(peak)} peak at --token-budget {budget:,}, within the {_gib(limit.limit)} limit ({seconds:.1f} s)")
+    _record(line, "target", {"token_budget": budget, "peak_bytes": peak, "seconds": seconds, **asdict(limit)})
     return peak - resident
 
 
+def _refuse_target(line, budget, peak, fit, limit: MemoryLimit, who: str, predicted: bool = False):
+    config = line.config
+    best = min(fit.largest_tokens(limit.limit, 0, 256), budget - 256) if fit is not None else 0
+    needed = "more than it may use (out of memory)" if peak is None else f"{_gib(peak)}{' (predicted)' if predicted else ''}"
+    raise DraftlineError(
+        f"preflight: the target ({who}) needs {needed} at --token-budget {budget:,} with q_hs {config.topology.q_hs}; "
+        f"{limit.describe()}. "
+        + (f"The largest token budget that fits is about {best:,}: pass --token-budget {best}"
+           + (", or lower --q-hs" if config.topology.q_hs > 1 else "") if best >= 256 else
+           "Even small budgets do not fit: the target does not fit in the memory this process may use")
+    )
+
+
+# ---------------------------------------------------------------------------------------- drafter
 def preflight_drafter(line, objective, optimizer, target=None) -> None:
     """Worst-case drafter pass + optimizer step (colocated: plus the target's transient peak)."""
     config, device = line.config, line.device
+    started = time.perf_counter()
     drafter = objective.drafter
     block = drafter.block_size
     budget = config.data.token_budget
+    rows = config.engine.max_query_rows
     width = line.feature_width
     colocated = target is not None
-    extra = float(getattr(line, "target_preflight", 0.0)) if colocated else 0.0
-    queued_batches = (config.topology.q_hs + 1) if colocated else 3  # queue (or receive prefetch) + the one in use
+    extra = getattr(line, "target_preflight_fit", None) if colocated else None
+    if colocated and extra is None:
+        extra = LinearPeak(float(getattr(line, "target_preflight", 0.0)))
+    # Feature batches alive besides the one being trained: colocated, the queue (the one the target is
+    # producing is in the target's transient); else the receive prefetch.
+    queued_batches = config.topology.q_hs if colocated else 3
     vocab = objective.embed_weight.shape[0]
+    limit = memory_limit(device, config.engine.memory_headroom_gib)
+    who = line.health.info.describe()
     saved = {k: v.detach().cpu().clone() for k, v in drafter.state_dict().items()}
     lrs = [group["lr"] for group in optimizer.param_groups]
 
-    def run(tokens: int, query_rows: int) -> float | None:
-        anchors_n = max(1, min(query_rows // block, tokens - block))
+    def run(tokens: int, query_rows: int, quiet: bool = False) -> float | None:
+        anchors_n = max(1, min(query_rows // block, tokens - block - 1))
         batch = _synthetic_batch(tokens, vocab)
-        anchors = torch.arange(tokens - anchors_n - 1, tokens - 1)  # late anchors: the most visible keys
+        # Anchors late in their documents: the most visible keys per query (spread over the documents).
+        starts = torch.arange(0, tokens, DOC_TOKENS)
+        ends = torch.clamp(starts + DOC_TOKENS, max=tokens)
+        late = torch.cat([torch.arange(max(s, e - block - (anchors_n // len(starts) + 1)), e - block)
+                          for s, e in zip(starts.tolist(), ends.tolist())])
+        anchors = late[-anchors_n:] if len(late) >= anchors_n else torch.arange(tokens - anchors_n - 1, tokens - 1)
 
         def body():
             from draftline.objective.blocks import build_blocks
@@ -138,35 +279,148 @@ def preflight_drafter(line, objective, optimizer, target=None) -> None:
             optimizer.zero_grad(set_to_none=True)
             del queued, features
 
+        t0 = time.perf_counter()
         peak = _measure(device, body)
-        return None if peak is None else peak + extra
+        if peak is not None and extra is not None:
+            peak += extra(tokens)
+        if quiet:
+            return peak
+        _say(f"drafter at {tokens:,} tokens x {anchors_n * block:,} query rows: "
+             f"{'out of memory' if peak is None else _gib(peak)}{' incl. the target' if colocated else ''} "
+             f"({time.perf_counter() - t0:.1f} s)")
+        return peak
 
-    limit = _capacity(device) - config.engine.memory_headroom_gib * _GIB
-    rows = config.engine.max_query_rows
+    token_sizes = _sizes(budget, SMALL_TOKENS, 2 * block)
+    chunk = max(config.engine.head_chunk_rows, block)
+    row_sizes = _sizes(rows, chunk, block)  # from one head chunk up: the logits chunk is then its full size
+    points_at = sorted({(token_sizes[0], row_sizes[0]), (token_sizes[-1], row_sizes[0]), (token_sizes[0], row_sizes[-1])})
+    _say(f"drafter ({who}): peak memory of a pass with backward and optimizer step at "
+         + ", ".join(f"{t:,} tokens x {r:,} rows" for t, r in points_at)
+         + (f"; extrapolated to --token-budget {budget:,} x --max-query-rows {rows:,}" if points_at != [(budget, rows)] else "")
+         + f"; {limit.describe()}")
     try:
-        peak = run(budget, rows)
-        if peak is None or peak > limit:
-            best_rows = _largest_fitting(lambda r: (p := run(budget, r)) is not None and p <= limit, rows, block)
-            best_budget = _largest_fitting(lambda b: (p := run(b, rows)) is not None and p <= limit, budget, block * 2)
-            needed = "more than the device has" if peak is None else f"{peak / _GIB:.1f} GiB"
-            options = []
-            if best_rows:
-                options.append(f"--max-query-rows {best_rows}")
-            if best_budget:
-                options.append(f"--token-budget {best_budget}")
-            options.append("--activation-checkpointing")
-            raise DraftlineError(
-                f"preflight: the drafter ({line.health.info.describe()}) needs {needed} for its worst case "
-                f"(--token-budget {budget}, --max-query-rows {rows}{', colocated with the target' if colocated else ''}); "
-                f"the limit is {limit / _GIB:.1f} GiB incl. {config.engine.memory_headroom_gib} GiB headroom. "
-                f"What fits: {' or '.join(options)}"
-            )
-        print(f"draftline: preflight drafter: {peak / _GIB:.1f} GiB peak (worst case: {budget} context tokens, "
-              f"{rows} query rows{', with the colocated target' if colocated else ''}; device {_capacity(device) / _GIB:.0f} GiB)")
+        # A first pass compiles the kernels and allocates the AdamW state, which later passes find resident:
+        # measured, it would not be like the others (the fit's slopes would carry the optimizer state).
+        t0 = time.perf_counter()
+        run(*points_at[0], quiet=True)
+        _say(f"drafter: warm-up pass (kernels compiled, optimizer state allocated) {time.perf_counter() - t0:.1f} s")
+        points = []
+        for tokens, query_rows in points_at:
+            peak = run(tokens, query_rows)
+            if peak is None:
+                _refuse_drafter(line, budget, rows, None, None, limit, who, colocated)
+            points.append((tokens, query_rows, peak))
+        fit = LinearPeak.fit(points)
+        peak = points[0][2] if points_at == [(budget, rows)] else None
+        if peak is None:
+            predicted = fit(budget, rows)
+            if predicted > limit.limit:
+                _refuse_drafter(line, budget, rows, predicted, fit, limit, who, colocated, predicted=True)
+            _say(f"drafter: {_gib(predicted)} predicted at {budget:,} tokens x {rows:,} rows; verifying at that size")
+            peak = run(budget, rows)
+            if peak is not None:
+                fit = LinearPeak.fit(points + [(budget, rows, peak)])
+        if peak is None or peak > limit.limit:
+            _refuse_drafter(line, budget, rows, peak, fit, limit, who, colocated)
+        seconds = time.perf_counter() - started
+        _say(f"drafter: {_gib(peak)} peak at --token-budget {budget:,}, --max-query-rows {rows:,}"
+             f"{' with the colocated target' if colocated else ''}, within the {_gib(limit.limit)} limit ({seconds:.1f} s)")
+        _record(line, "drafter", {"token_budget": budget, "max_query_rows": rows, "peak_bytes": peak, "seconds": seconds,
+                                  **asdict(limit)})
     finally:
         with torch.no_grad():
             drafter.load_state_dict({k: v.to(device) for k, v in saved.items()})
         for group, lr in zip(optimizer.param_groups, lrs):
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _refuse_drafter(line, budget, rows, peak, fit, limit: MemoryLimit, who, colocated, predicted=False):
+    block = line.config.model.block_size
+    options = []
+    q_hs = line.config.topology.q_hs
+    if colocated and peak is not None:  # each queued batch of features: budget x width in the compute dtype
+        per_batch = budget * line.feature_width * torch.finfo(line.dtype).bits // 8
+        fewer = q_hs - int(-(-(peak - limit.limit) // per_batch))
+        if 1 <= fewer < q_hs:
+            options.append(f"--q-hs {fewer} (each queued batch of features is {_gib(per_batch)})")
+    if fit is not None:
+        best_rows = min(fit.largest_rows(limit.limit, budget, block), rows - block)
+        best_budget = min(fit.largest_tokens(limit.limit, rows, 256), budget - 256)
+        if best_rows >= block:
+            options.append(f"--max-query-rows {best_rows} (at --token-budget {budget})")
+        if best_budget >= 256:
+            options.append(f"--token-budget {best_budget} (at --max-query-rows {rows})")
+    options.append("--activation-checkpointing")
+    needed = "more than it may use (out of memory)" if peak is None else f"{_gib(peak)}{' (predicted)' if predicted else ''}"
+    raise DraftlineError(
+        f"preflight: the drafter ({who}) needs {needed} for its worst case (--token-budget {budget:,}, "
+        f"--max-query-rows {rows:,}{', colocated with the target' if colocated else ''}); {limit.describe()}. "
+        f"The largest that fit: {' or '.join(options)}"
+    )
+
+
+# ---------------------------------------------------------------------------------------- the record
+def environment() -> dict:
+    """What the memory a run needs depends on besides its config: libraries and the device."""
+    import transformers
+
+    record = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+              "cuda": torch.version.cuda}
+    try:
+        from importlib.metadata import version
+
+        record["draftline"] = version("draftline")
+    except Exception:  # noqa: BLE001 - a source checkout without metadata
+        pass
+    if torch.cuda.is_available():
+        record["device"] = torch.cuda.get_device_name()
+    return record
+
+
+def changes(before: dict, now: dict) -> list[str]:
+    """What differs between two records of a role: libraries, device, memory this process may use, peak."""
+    out = []
+    for key in ("torch", "transformers", "cuda", "python", "draftline", "device"):
+        old, new = before.get("environment", {}).get(key), now.get("environment", {}).get(key)
+        if old != new:
+            out.append(f"{key} {old} -> {new}")
+    for key, name in (("free", "free device memory"), ("fraction", "memory fraction"), ("peak_bytes", "measured peak")):
+        old, new = before.get(key), now.get(key)
+        if old is None or new is None:
+            continue
+        if key == "fraction":
+            if abs(old - new) > 1e-6:
+                out.append(f"{name} {old:.2f} -> {new:.2f}")
+        elif abs(old - new) > 0.5 * _GIB:
+            out.append(f"{name} {_gib(old)} -> {_gib(new)}")
+    for key in ("token_budget", "max_query_rows"):
+        if before.get(key) != now.get(key) and before.get(key) is not None:
+            out.append(f"{key} {before.get(key)} -> {now.get(key)}")
+    return out
+
+
+def _record(line, role: str, result: dict) -> None:
+    """Write this start's figures to RUN_DIR/preflight/rank-N.json; on a resume, say what changed."""
+    run_dir = getattr(line, "run_dir", None)
+    if run_dir is None:
+        return
+    rank = getattr(getattr(line, "env", None), "rank", 0)
+    path = Path(run_dir) / "preflight" / f"rank-{rank}.json"
+    result = {**result, "time": time.time(), "environment": environment()}
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    if role in previous:  # a resume (or a restart) of this run directory: what is not as it was
+        changed = changes(previous[role], result)
+        _say(f"{role}: since the previous start in {run_dir}: " + ("; ".join(changed) if changed else "nothing changed"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**previous, role: result}, indent=2) + "\n")
+        tmp.replace(path)
+    except OSError as exc:
+        print(f"draftline: preflight: could not write {path}: {exc}", file=sys.stderr)

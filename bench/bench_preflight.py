@@ -1,0 +1,82 @@
+"""Time train's preflight on one GPU for a target shape (random weights built from a config).
+
+    python bench/bench_preflight.py --shape 8b --budgets 32768 262144 --json preflight.json
+
+One process plays the colocated rank of ``draftline train`` on one GPU (the target's check, then the
+drafter's with the target's transient peak and the hidden-state queue), for each budget in turn;
+the first one pays the kernel compilation that training would pay at its first batches. Prints and
+writes each check's seconds and outcome (accepted, or the refusal with what fits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from types import SimpleNamespace
+
+import torch
+
+from bench_line import random_target  # noqa: E402 - bench/ is on sys.path when run as a script
+from draftline.config import TrainConfig
+from draftline.errors import DraftlineError
+from draftline.model.config import build_drafter_config
+from draftline.model.drafter import DFlashDrafter
+from draftline.model.target import TargetFeatures
+from draftline.objective.loss import DFlashObjective, ObjectiveSettings
+from draftline.pipeline import preflight
+from draftline.pipeline.optim import build_optimizer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="8b")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[32768, 262144])
+    parser.add_argument("--q-hs", type=int, nargs="+", default=[8], help="queue sizes to try per budget")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    started = time.perf_counter()
+    model = random_target(args.shape, device, torch.bfloat16, "flex_attention")
+    drafter_cfg = build_drafter_config(model.config, num_hidden_layers=5, block_size=16)
+    layer_ids = drafter_cfg.dflash_config["target_layer_ids"]
+    target = TargetFeatures.from_model(model, layer_ids)
+    drafter = DFlashDrafter(drafter_cfg).to(device)
+    objective = DFlashObjective(drafter, target.embed_weight(), target.head_weight(), ObjectiveSettings())
+    build_s = time.perf_counter() - started
+    print(f"built the {args.shape} target and a 5-layer drafter in {build_s:.1f} s", flush=True)
+    results = {"shape": args.shape, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "build_s": build_s, "runs": []}
+    for budget in args.budgets:
+        for q_hs in args.q_hs:
+            config = TrainConfig()
+            config.data.token_budget = budget
+            config.topology.q_hs = q_hs
+            line = SimpleNamespace(config=config, device=device, role=SimpleNamespace(num_targets=1), dtype=torch.bfloat16,
+                                   health=SimpleNamespace(info=SimpleNamespace(describe=lambda: "colocated rank 0")),
+                                   feature_width=len(layer_ids) * model.config.hidden_size, run_dir=None,
+                                   env=SimpleNamespace(rank=0), start_step=0)
+            optimizer = build_optimizer(drafter, config.optim)
+            record = {"token_budget": budget, "q_hs": q_hs, "max_query_rows": config.engine.max_query_rows}
+            t0 = time.perf_counter()
+            try:
+                preflight.preflight_target(line, target)
+                record["target_s"] = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                preflight.preflight_drafter(line, objective, optimizer, target)
+                record["drafter_s"] = time.perf_counter() - t1
+                record["outcome"] = "accepted"
+            except DraftlineError as exc:
+                record["outcome"] = f"refused: {exc}"
+            record["total_s"] = time.perf_counter() - t0
+            del optimizer
+            torch.cuda.empty_cache()
+            results["runs"].append(record)
+            print(f"== budget {budget:,}, q_hs {q_hs}: {record['total_s']:.1f} s, {record['outcome'][:400]}", flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""Preflight: measure at small sizes, extrapolate linearly, verify once; a refusal states the largest
+token budget and query rows that fit; the limit is what the process may use; a resume says what changed.
+
+The CPU tests run the real target and drafter passes with a stand-in for the CUDA peak counter (a
+known linear law), so the search logic is checked exactly; the GPU tests measure for real.
+"""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from draftline.config import TrainConfig
+from draftline.errors import DraftlineError
+from draftline.model.config import build_drafter_config
+from draftline.model.drafter import DFlashDrafter
+from draftline.model.target import TargetFeatures, load_target_config
+from draftline.objective import blocks as blocks_module
+from draftline.objective.loss import DFlashObjective, ObjectiveSettings
+from draftline.pipeline import preflight
+from draftline.pipeline.optim import build_optimizer
+from draftline.pipeline.preflight import LinearPeak, MemoryLimit, changes
+
+GIB = 2**30
+
+
+def test_linear_fit_and_the_largest_sizes_that_fit():
+    law = LinearPeak(base=3e9, per_token=2e4, per_row=5e4)
+    points = [(t, r, law(t, r)) for t, r in [(8192, 4096), (16384, 4096), (8192, 8192)]]
+    fit = LinearPeak.fit(points)
+    assert fit.base == pytest.approx(3e9) and fit.per_token == pytest.approx(2e4) and fit.per_row == pytest.approx(5e4)
+    limit = law(100_000, 32768) + 1  # + 1 byte: the fit's rounding
+    assert fit.largest_tokens(limit, 32768, 256) == 99_840  # 100,000 rounded down to a multiple of 256
+    assert fit.largest_rows(limit, 100_000, 16) == 32768
+    assert LinearPeak.fit([(512, 64, 7.0)]) == LinearPeak(7.0)  # one point: a constant
+
+
+def test_the_limit_is_what_the_process_may_use():
+    whole = MemoryLimit(total=140 * GIB, fraction=1.0, free=130 * GIB, reserved=5 * GIB, headroom=2 * GIB)
+    assert whole.limit == 133 * GIB and "135.0 GiB free on the device" not in whole.describe()
+    capped = MemoryLimit(total=140 * GIB, fraction=0.35, free=130 * GIB, reserved=5 * GIB, headroom=2 * GIB)
+    assert capped.limit == pytest.approx(47 * GIB)
+    assert "limit 47.0 GiB = 49.0 GiB this process may use (35% of the device's 140.0 GiB" in capped.describe()
+    shared = MemoryLimit(total=140 * GIB, fraction=1.0, free=60 * GIB, reserved=4 * GIB, headroom=2 * GIB)
+    assert shared.limit == 62 * GIB and "other processes use the rest" in shared.describe()
+
+
+def test_changes_since_the_last_start():
+    before = {"environment": {"torch": "2.11.0", "transformers": "5.17.0"}, "free": 120 * GIB, "fraction": 1.0,
+              "peak_bytes": 90 * GIB, "token_budget": 262144}
+    now = {"environment": {"torch": "2.12.0", "transformers": "5.17.0"}, "free": 80 * GIB, "fraction": 1.0,
+           "peak_bytes": 90.2 * GIB, "token_budget": 262144}
+    assert changes(before, now) == ["torch 2.11.0 -> 2.12.0", "free device memory 120.0 GiB -> 80.0 GiB"]
+    assert changes(now, now) == []
+
+
+# ---------------------------------------------------------------- the search, with a stand-in peak counter
+@pytest.fixture()
+def cpu_line(qwen3_target, tmp_path, monkeypatch):
+    monkeypatch.setattr(preflight, "SMALL_TOKENS", 1024)  # the GPU sizes / 8: seconds on CPU
+    monkeypatch.setattr(preflight, "DOC_TOKENS", 256)
+    config = TrainConfig()
+    config.data.token_budget = 8192
+    config.engine.max_query_rows = 1024
+    config.engine.head_chunk_rows = 64
+    config.model.block_size = 4
+    config.topology.q_hs = 2
+    target_config = load_target_config(qwen3_target)
+    drafter_cfg = build_drafter_config(target_config, num_hidden_layers=1, block_size=4)
+    layer_ids = drafter_cfg.dflash_config["target_layer_ids"]
+    target = TargetFeatures(qwen3_target, layer_ids, device=torch.device("cpu"), dtype=torch.float32)
+    drafter = DFlashDrafter(drafter_cfg).float()
+    objective = DFlashObjective(drafter, target.embed_weight(), target.head_weight(),
+                                ObjectiveSettings(max_anchors=512, head_chunk_rows=64))
+    line = SimpleNamespace(config=config, device=torch.device("cpu"), role=SimpleNamespace(num_targets=1),
+                           dtype=torch.float32, health=SimpleNamespace(info=SimpleNamespace(describe=lambda: "rank 0 (test)")),
+                           feature_width=len(layer_ids) * target_config.hidden_size, run_dir=tmp_path / "run",
+                           env=SimpleNamespace(rank=0), start_step=0)
+    return line, target, objective, build_optimizer(drafter, config.optim)
+
+
+TARGET_LAW = LinearPeak(base=2 * GIB, per_token=40_000)
+DRAFTER_LAW = LinearPeak(base=1 * GIB, per_token=60_000, per_row=200_000)
+OPTIMIZER_STATE = 0.5 * GIB
+
+
+@pytest.fixture()
+def counter(monkeypatch):
+    """Runs each measured pass for real (on CPU) and reports a known linear law of its size."""
+    sizes = {"tokens": 0, "rows": 0, "calls": []}
+    real_batch, real_blocks = preflight._synthetic_batch, blocks_module.build_blocks
+
+    def batch(tokens, vocab):
+        sizes["tokens"], sizes["rows"] = tokens, 0
+        return real_batch(tokens, vocab)
+
+    def blocks(batch, anchors, **kwargs):
+        sizes["rows"] = len(anchors) * kwargs["block_size"]
+        return real_blocks(batch, anchors, **kwargs)
+
+    def measure(_device, fn):
+        fn()
+        law = DRAFTER_LAW if sizes["rows"] else TARGET_LAW
+        first_drafter_pass = sizes["rows"] and not any(rows for _, rows in sizes["calls"])
+        sizes["calls"].append((sizes["tokens"], sizes["rows"]))
+        # as on a GPU: the first drafter pass allocates the optimizer state, so its peak lacks it
+        return law(sizes["tokens"], sizes["rows"]) - (OPTIMIZER_STATE if first_drafter_pass else 0)
+
+    monkeypatch.setattr(preflight, "_synthetic_batch", batch)
+    monkeypatch.setattr(blocks_module, "build_blocks", blocks)
+    monkeypatch.setattr(preflight, "_measure", measure)
+    return sizes
+
+
+def _limit(monkeypatch, limit_bytes, fraction=0.5):
+    total = (limit_bytes + 2 * GIB) / fraction
+    monkeypatch.setattr(preflight, "memory_limit", lambda device, headroom: MemoryLimit(
+        total=total, fraction=fraction, free=total, reserved=0.0, headroom=headroom * GIB))
+
+
+def test_a_budget_that_fits_is_measured_small_then_verified_once(cpu_line, counter, monkeypatch, capsys):
+    line, target, objective, optimizer = cpu_line
+    _limit(monkeypatch, 100 * GIB)
+    transient = preflight.preflight_target(line, target)
+    assert counter["calls"] == [(1024, 0), (2048, 0), (8192, 0)]  # two small sizes, one verification
+    assert transient == pytest.approx(TARGET_LAW(8192))
+    counter["calls"].clear()
+    before = {k: v.clone() for k, v in objective.drafter.state_dict().items()}
+    preflight.preflight_drafter(line, objective, optimizer, target)
+    # a warm-up pass (not in the fit), three small sizes, one verification
+    assert counter["calls"] == [(1024, 64), (1024, 64), (1024, 128), (2048, 64), (8192, 1024)]
+    for name, value in objective.drafter.state_dict().items():  # the drafter is as it was
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+    printed = capsys.readouterr().out
+    assert "preflight: target (rank 0 (test)): peak memory at 1,024 and 2,048 tokens, extrapolated to --token-budget 8,192" in printed
+    assert "preflight: drafter: " in printed and "verifying at that size" in printed and "within the 100.0 GiB limit" in printed
+    assert "(50% of the device's" in printed  # the limit quoted is the process's share
+
+
+def test_a_budget_that_does_not_fit_is_refused_from_the_fit_with_what_fits(cpu_line, counter, monkeypatch):
+    line, target, objective, optimizer = cpu_line
+    limit = TARGET_LAW(5000)
+    _limit(monkeypatch, limit)
+    with pytest.raises(DraftlineError) as info:
+        preflight.preflight_target(line, target)
+    assert counter["calls"] == [(1024, 0), (2048, 0)]  # no full-size run, no search by repeated runs
+    message = str(info.value)
+    best = int(re.search(r"pass --token-budget (\d+)", message).group(1))
+    assert best == 4864 and TARGET_LAW(best) <= limit < TARGET_LAW(best + 256)
+    assert f"needs {TARGET_LAW(8192) / GIB:.1f} GiB (predicted) at --token-budget 8,192" in message
+    assert "50% of the device" in message
+
+    # the drafter, colocated: the target's transient peak counts; both budget and rows are offered
+    line.target_preflight_fit = LinearPeak(0.0, TARGET_LAW.per_token)
+    both = LinearPeak(DRAFTER_LAW.base, DRAFTER_LAW.per_token + TARGET_LAW.per_token, DRAFTER_LAW.per_row)
+    _limit(monkeypatch, both(8192, 512))
+    counter["calls"].clear()
+    with pytest.raises(DraftlineError) as info:
+        preflight.preflight_drafter(line, objective, optimizer, target)
+    message = str(info.value)
+    rows = int(re.search(r"--max-query-rows (\d+) \(at --token-budget 8192\)", message).group(1))
+    budget = int(re.search(r"--token-budget (\d+) \(at --max-query-rows 1024\)", message).group(1))
+    assert rows == 512 and both(budget, 1024) <= both(8192, 512) < both(budget + 256, 1024)
+    assert "colocated with the target" in message and "--activation-checkpointing" in message
+    assert (8192, 1024) not in counter["calls"]
+
+
+def test_a_resume_says_what_changed(cpu_line, counter, monkeypatch, capsys):
+    line, target, *_ = cpu_line
+    line.config.data.token_budget = 2048  # measured directly: one pass
+    _limit(monkeypatch, 100 * GIB)
+    preflight.preflight_target(line, target)
+    assert (line.run_dir / "preflight" / "rank-0.json").is_file()
+    assert "since the previous start" not in capsys.readouterr().out  # the first start compares with nothing
+    line.config.data.token_budget = 1024
+    _limit(monkeypatch, 60 * GIB)
+    capsys.readouterr()
+    preflight.preflight_target(line, target)
+    printed = capsys.readouterr().out
+    assert f"target: since the previous start in {line.run_dir}: " in printed
+    assert "free device memory 204.0 GiB -> 124.0 GiB" in printed and "token_budget 2048 -> 1024" in printed
+
+
+# ---------------------------------------------------------------- on a GPU, measured for real
+def _gpu_line(tmp_path, budget, rows=2048):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    device = torch.device("cuda")
+    config = Qwen3Config(vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=6,
+                         num_attention_heads=8, num_key_value_heads=4, head_dim=128, max_position_embeddings=40960,
+                         tie_word_embeddings=False)
+    config._attn_implementation = "flex_attention"
+    with torch.device(device):
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    drafter_cfg = build_drafter_config(config, num_hidden_layers=1, block_size=16)
+    layer_ids = drafter_cfg.dflash_config["target_layer_ids"]
+    target = TargetFeatures.from_model(model, layer_ids)
+    drafter = DFlashDrafter(drafter_cfg).to(device)
+    train = TrainConfig()
+    train.data.token_budget = budget
+    train.engine.max_query_rows = rows
+    train.engine.memory_headroom_gib = 0.25
+    objective = DFlashObjective(drafter, target.embed_weight(), target.head_weight(), ObjectiveSettings())
+    line = SimpleNamespace(config=train, device=device, role=SimpleNamespace(num_targets=1), dtype=torch.bfloat16,
+                           health=SimpleNamespace(info=SimpleNamespace(describe=lambda: "rank 0 (gpu test)")),
+                           feature_width=len(layer_ids) * config.hidden_size, run_dir=tmp_path / "run",
+                           env=SimpleNamespace(rank=0), start_step=0)
+    return line, target, objective, build_optimizer(drafter, train.optim)
+
+
+@pytest.mark.gpu
+def test_gpu_a_budget_that_fits_is_accepted_and_one_that_does_not_is_refused(tmp_path):
+    line, target, objective, optimizer = _gpu_line(tmp_path, budget=65536)
+    transient = preflight.preflight_target(line, target)
+    preflight.preflight_drafter(line, objective, optimizer, target)
+    assert transient > 0
+    resident = torch.cuda.memory_allocated()
+    total = torch.cuda.mem_get_info()[1]
+    try:  # cap the process so that the transient peak at this budget cannot fit: refused, naming what fits
+        torch.cuda.set_per_process_memory_fraction((resident + 0.5 * transient + 0.25 * GIB) / total)
+        with pytest.raises(DraftlineError) as info:
+            preflight.preflight_target(line, target)
+        message = str(info.value)
+        assert "torch.cuda.set_per_process_memory_fraction" in message
+        best = int(re.search(r"pass --token-budget (\d+)", message).group(1))
+        assert 8192 < best < 65536
+        line.config.data.token_budget = best  # what it offered fits
+        preflight.preflight_target(line, target)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
