@@ -171,6 +171,22 @@ def _chunks(sources: Iterable[str]) -> Iterator[list[SourceRecord]]:
         yield chunk
 
 
+def _close_pool(pool, in_flight: deque) -> None:
+    """Let the chunks still in flight finish (at most 2 x workers), then close the pool normally.
+
+    Not ``Pool.terminate()`` with tasks outstanding: it can wait forever on a worker that holds the
+    task queue's lock (seen after a --strict stop in a process that had run training threads).
+    """
+    deadline = time.monotonic() + 120
+    for _chunk, pending in in_flight:
+        pending.wait(max(0.0, deadline - time.monotonic()))
+    if all(pending.ready() for _chunk, pending in in_flight):
+        pool.close()
+    else:  # a worker is stuck: nothing else to do
+        pool.terminate()
+    pool.join()
+
+
 def _default_max_length(target: Path) -> int | None:
     config = json.loads((target / "config.json").read_text())
     value = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
@@ -227,6 +243,7 @@ def prepare(config: PrepareConfig) -> dict:
     num_records = num_truncated = 0
     started = time.perf_counter()
     pool = None
+    in_flight: deque = deque()  # (chunk, pending result) submitted to the workers, oldest first
     if config.workers > 1:
         context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
         pool = context.Pool(config.workers, _init_worker, (target, config.thinking, max_length, config.overlong))
@@ -255,7 +272,6 @@ def prepare(config: PrepareConfig) -> dict:
                 for chunk in _chunks(config.inputs):
                     consume(chunk, encoder.encode_chunk(chunk))
             else:
-                in_flight: deque = deque()
                 for chunk in _chunks(config.inputs):
                     in_flight.append((chunk, pool.apply_async(_encode_chunk, (chunk,))))
                     if len(in_flight) >= 2 * config.workers:
@@ -278,8 +294,7 @@ def prepare(config: PrepareConfig) -> dict:
         raise
     finally:
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            _close_pool(pool, in_flight)
 
     heldout = _write_heldout(Path(config.out) / HELDOUT_FILE, reservoir, encoder)
     seconds = time.perf_counter() - started
