@@ -15,7 +15,7 @@ Variants (a name maps to changes of the demo's settings):
   peer      a faithful reading of SpecForge's DFlash objective: random init, the paper's gamma (4.0
             for block 8), AdamW betas (0.9, 0.999), uniform anchors without replacement; the rest is
             the same rule (see README); its bf16 numerics are not reproduced (the CPU runs fp32)
-  randinit / gamma4 / gamma2 / nodecay: one change of ours
+  randinit / gamma4 / gamma2 / betas999 / nodecay: one change of ours
   dense     every eligible position anchors (no sampling)
   chained   anchors where inference starts blocks: a no-grad pass over every position gives the
             drafter's teacher-forced acceptance there, blocks are chained from each response start
@@ -39,6 +39,7 @@ VARIANTS = {
     "randinit": {"init_from_target": False},
     "gamma4": {"gamma": 4.0},
     "gamma2": {"gamma": 2.0},
+    "betas999": {"betas": (0.9, 0.999)},
     "nodecay": {"gamma": 1e9},
     "dense": {"max_anchors": 4096},
     "chained": {"anchors": "chained", "max_anchors": 4096},
