@@ -5,6 +5,9 @@
 # Measured on the H200 machine (16 cores): data 60 s (regeneration on the GPU); with 12 processes
 # sharing the GPU a 2-variant group trains 690 steps in ~125 s (chained: ~1.7x), then measures on
 # the CPU. Give it LIMIT=400 and a 480 s device call; SEEDS / GROUPS_ narrow it.
+# On the 2-core dev machine (no GPU), the README's peer comparison: data 2 min (CPU regeneration),
+# then 3 processes (one per seed) of 3 variants train 665 steps in ~27 min and measure in ~2 min:
+#   GROUPS_="ours,peer,randinit" LIMIT=2400 bash bench/objective_sweep.sh OUT
 set -u
 OUT=${1:?usage: objective_sweep.sh OUT_DIR}
 D=${DEMO_DATA:-/tmp/draftline-demo-data}
@@ -31,7 +34,9 @@ for line in sys.stdin:
     r = json.loads(line); rows[r['variant']][r['seed']] = r
 for v, by_seed in rows.items():
     taus = [by_seed[s]['tau'] for s in sorted(by_seed)]; tf = [by_seed[s]['tf_acceptance'] for s in sorted(by_seed)]
-    print(f'{v:<10} tau ' + ' '.join(f'{t:.3f}' for t in taus) + f'  mean {sum(taus)/len(taus):.3f}  tf ' + ' '.join(f'{t:.2f}' for t in tf)
+    mon = [by_seed[s]['monitor_tau'] for s in sorted(by_seed)]
+    print(f'{v:<10} tau ' + ' '.join(f'{t:.3f}' for t in taus) + f'  mean {sum(taus)/len(taus):.3f}  spread {max(taus)-min(taus):.3f}'
+          + '  monitor/tau ' + ' '.join(f'{m/t:.2f}' for m, t in zip(mon, taus)) + '  tf ' + ' '.join(f'{t:.2f}' for t in tf)
           + f'  train_s {max(r[\"train_s\"] for r in by_seed.values()):.0f}')
 "
 for f in "$OUT"/log-*.txt; do grep -q '^{' "$f" || { echo "== $f"; tail -5 "$f"; }; done

@@ -1,6 +1,6 @@
 """DFlash speculative decoding with a Hugging Face target and our drafter, one prompt at a time.
 
-One cycle (docs/DFLASH.md, "Inference"), with ``x_s`` the last committed token (the anchor; it is
+One cycle (docs/OBJECTIVE.md, "Inference"), with ``x_s`` the last committed token (the anchor; it is
 not yet in the target's KV cache) and ``B`` the block size::
 
     draft    drafter([x_s, MASK x (B-1)] | features of x_<s)        -> d_1 .. d_{B-1}

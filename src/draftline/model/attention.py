@@ -1,7 +1,7 @@
 """Who each block query may see: the DFlash visibility rule, as a dense mask and as a flex BlockMask.
 
 Keys are laid out as ``[context rows (T) ; block rows (N * B)]``; query ``a * B + j`` is slot ``j``
-of the block of anchor ``a``. The rule (docs/DFLASH.md):
+of the block of anchor ``a``. The rule (docs/OBJECTIVE.md, "Visibility"):
 
 - context row ``t`` is visible iff it is in the anchor's document and ``pos(t) < pos(anchor)``
   (strictly before the anchor: the anchor itself enters as slot 0 of the block);
