@@ -276,7 +276,8 @@ class Line:
             self.monitor.measured = summary  # the monitor's tau is the latest measured acceptance
         return summary
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self, wait: bool = False) -> Path:
+        """Checkpoint the current step: copied to host memory now, written in the background (``wait``: on disk before returning)."""
         if self.monitor is None:  # a drafter standing in for a dead rank 0
             self.last_save_time = time.time()
         w = self.worker
@@ -289,7 +290,7 @@ class Line:
             config=self.config.to_dict(),
         )
         path = save_checkpoint(self.run_dir, drafter=w.drafter, optimizer=w.optimizer, scheduler=w.scheduler,
-                               state=state, keep=self.config.checkpoint.keep)
+                               state=state, keep=self.config.checkpoint.keep, wait=wait)
         self.last_save_time = time.time()
         self.saved = path
         return path
@@ -303,7 +304,7 @@ class Line:
             if self.monitor is not None:
                 self.monitor.stop()
         if self.role.is_logging:
-            self.save_checkpoint()
+            self.save_checkpoint(wait=True)  # the final or SIGTERM checkpoint is on disk before we say so
             if status == "finished":
                 final = save_drafter(self.worker.drafter, self.run_dir / "final", dtype=torch.bfloat16)
                 print(f"draftline: finished at step {self.worker.step}; drafter in {final}")

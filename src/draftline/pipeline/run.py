@@ -21,7 +21,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from draftline.checkpoint.state import wait_for_checkpoint
 from draftline.config import TrainConfig, validate
+from draftline.errors import DraftlineError
 from draftline.monitor.flops import DrafterShape, TargetShape, reference_drafter_flops, reference_target_flops
 from draftline.pipeline import rundir
 from draftline.pipeline.build import DistEnv, drafter_config, pick_device
@@ -68,6 +70,11 @@ def run_training(config: TrainConfig) -> int:
         line.logger.close()
 
     # ---- finish
+    try:  # a periodic checkpoint still being written in the background must not be cut off
+        wait_for_checkpoint()
+    except DraftlineError as exc:
+        print(f"draftline: {exc}", file=sys.stderr, flush=True)
+        code = code or 1
     if env.world_size > 1:
         sys.stdout.flush()
         sys.stderr.flush()
