@@ -124,7 +124,7 @@ class DrafterWorker:
         grad_clip: float,
         max_bad_steps: int,
         activation_checkpointing: bool = False,
-        compile_layers: bool = True,
+        compile_layers: bool = False,
         on_step=None,
         on_batch=None,
         stop_requested=lambda: False,
