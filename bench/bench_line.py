@@ -40,6 +40,7 @@ from draftline.model.config import build_drafter_config
 from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import TargetFeatures
 from draftline.monitor.flops import TargetShape, resolve_peak, target_flops
+from draftline.monitor.peak import gpu_spec
 from draftline.objective.loss import DFlashObjective, ObjectiveSettings
 from draftline.pipeline.drafter_worker import DrafterWorker, GradSync
 from draftline.pipeline.health import Health, local_rank_info
@@ -102,15 +103,10 @@ def packed_batch(lengths: list[int], vocab: int, seed: int, index: int = 0) -> P
     return PackedBatch.from_documents(docs, sample_ids=list(range(index * 1000, index * 1000 + len(docs))), index=index)
 
 
-# Spec dense bf16 tensor-core peaks (no sparsity), by torch device name prefix.
-SPEC_PEAK_BF16 = {"nvidia h200": 989e12, "nvidia h100": 989e12, "nvidia a100": 312e12}
-
-
 def spec_peak(device) -> float:
-    if device.type != "cuda":
-        return float("nan")
-    name = torch.cuda.get_device_name(device).lower()
-    return next((v for k, v in SPEC_PEAK_BF16.items() if name.startswith(k)), float("nan"))
+    """The GPU's spec dense bf16 peak (the package's table), NaN off CUDA or for an unknown GPU."""
+    spec = gpu_spec(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    return spec.bf16_flops if spec else float("nan")
 
 
 def reserved_gib(device) -> float:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench_line import lognormal_lengths  # the same length mix as the drafter rows
 from draftline.data.batch import PackedBatch
 from draftline.model import linear_attention
 from draftline.model.config import build_drafter_config
@@ -62,19 +62,6 @@ def random_target(config, layers_run: int, device: torch.device, dtype: torch.dt
     finally:
         torch.set_default_dtype(torch.float32)
     return model.eval()
-
-
-def lognormal_lengths(rng: np.random.Generator, budget: int, mean: float = 2826, cap: int = 8192) -> list[int]:
-    """Document lengths filling ``budget``: log-normal around ``mean`` (sigma 0.6), capped."""
-    sigma = 0.6
-    mu = math.log(mean) - sigma**2 / 2
-    out, total = [], 0
-    while True:
-        n = int(min(cap, max(64, rng.lognormal(mu, sigma))))
-        if total + n > budget:
-            return out or [budget]
-        out.append(n)
-        total += n
 
 
 def packed_batch(lengths: list[int], vocab: int, seed: int) -> PackedBatch:

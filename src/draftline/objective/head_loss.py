@@ -16,15 +16,7 @@ import torch
 
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, softcap: float | None):
-    logits = h.to(weight.dtype) @ weight.t()
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least, fp64 in tests
-    if multiplier != 1.0:
-        logits = logits * multiplier
-    tanh = None
-    if softcap:
-        tanh = torch.tanh(logits / softcap)
-        logits = tanh * softcap
-    return logits, tanh
+    return _scaled(h.to(weight.dtype) @ weight.t(), multiplier, softcap)
 
 
 def _scaled(raw: torch.Tensor, multiplier: float, softcap: float | None):
