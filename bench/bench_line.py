@@ -138,22 +138,31 @@ def bench_target(args, device, dtype, peak, rows):
     target = TargetFeatures.from_model(model, ids)
     rng = np.random.default_rng(0)
     batches = [packed_batch(lognormal_lengths(rng, args.budget), shape.vocab_size, i, i) for i in range(args.iters + 2)]
-    for b in batches[:2]:
-        target(b)
-    sync(device)
-    reset_peak(device)
-    times, flops, tokens, samples = [], 0.0, 0, 0
-    for b in batches[2:]:
-        start = time.perf_counter()
-        target(b)
+    variants = ["eager"] if args.no_compile else ["eager", "compiled"]
+    for variant in variants:
+        if variant == "compiled":
+            from draftline.model.fused import compile_target
+
+            compile_target(target)
+        t0 = time.perf_counter()
+        for b in batches[:2]:  # warm up (compilation, autotuning)
+            target(b)
         sync(device)
-        times.append(time.perf_counter() - start)
-        flops += target_flops(shape, b.doc_lengths, max(ids) + 1)
-        tokens += b.num_tokens
-        samples += b.num_docs
-    wall = sum(times)
-    rows.append(row(f"{args.shape} target, packed {args.budget} tok", "target", tokens / wall, samples / wall,
-                    flops / wall, peak, peak_gib(device), reserved=reserved_gib(device)))
+        warm_s = time.perf_counter() - t0
+        reset_peak(device)
+        times, flops, tokens, samples = [], 0.0, 0, 0
+        for b in batches[2:]:
+            start = time.perf_counter()
+            target(b)
+            sync(device)
+            times.append(time.perf_counter() - start)
+            flops += target_flops(shape, b.doc_lengths, max(ids) + 1)
+            tokens += b.num_tokens
+            samples += b.num_docs
+        wall = sum(times)
+        rows.append(row(f"{args.shape} target, packed {args.budget} tok, {variant}", "target", tokens / wall,
+                        samples / wall, flops / wall, peak, peak_gib(device), reserved=reserved_gib(device),
+                        extra=f"ms/batch {', '.join(f'{1e3 * t:.0f}' for t in times)}; warm-up {warm_s:.0f} s"))
     del target, model
     return drafter_cfg, layers
 
@@ -259,7 +268,7 @@ def bench_line(args, device, rows, peak):
     argv = ["train", "--target", str(target_dir), "--data", str(data_dir), "--out", str(out), "--from-scratch",
             "--token-budget", str(args.budget), "--max-steps", str(args.line_steps), "--epochs", "1",
             "--log-every", "10", "--save-every", "100000", "--save-every-minutes", "0", "--no-tensorboard",
-            "--q-hs", "2", "--max-query-rows", str(args.max_query_rows)]
+            "--q-hs", "2", "--max-query-rows", str(args.max_query_rows)] + (["--no-compile"] if args.no_compile else [])
     code = main(argv)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     train = [r for r in records if r["kind"] == "train" and r.get("ktok_s")]
@@ -304,7 +313,7 @@ def main() -> int:
     parser.add_argument("--max-query-rows", type=int, default=32768)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--head-chunk-rows", type=int, default=2048, help="rows of logits per LM-head chunk")
-    parser.add_argument("--no-compile", action="store_true", help="drafter layers eager (no torch.compile)")
+    parser.add_argument("--no-compile", action="store_true", help="drafter and target layers eager (no torch.compile)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["target", "drafter-3072", "drafter-packed"])
     parser.add_argument("--line", action="store_true", help="also run `draftline train` colocated")
     parser.add_argument("--line-steps", type=int, default=40)

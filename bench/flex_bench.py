@@ -26,18 +26,22 @@ from draftline.monitor.flops import _drafter_pairs, attention_flops  # noqa: E40
 from draftline.objective.anchors import sample_anchors  # noqa: E402
 from draftline.objective.blocks import build_blocks  # noqa: E402
 
-VARIANTS = {
+VARIANTS = {  # kernel options ("fwd_"/"bwd_" prefixes apply to one pass only); "autotune": inductor's search
     "default": {},
     "safe_rows": {"ROWS_GUARANTEED_SAFE": True},
-    "bwd64": {"BLOCK_M1": 64, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 64, "num_warps": 4, "num_stages": 3},
-    "bwd32": {"BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32, "num_warps": 4, "num_stages": 3},
-    "fwd128": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+    "tma": {"USE_TMA": True},
+    "bwd64": {"bwd_BLOCK_M1": 64, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 64, "bwd_num_warps": 4,
+              "bwd_num_stages": 3},
+    "bwd32": {"bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32, "bwd_num_warps": 4,
+              "bwd_num_stages": 3},
+    "fwd128": {"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 128, "fwd_num_warps": 8, "fwd_num_stages": 2},
+    "autotune": {},
 }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="default,static,safe_rows,bwd64,bwd32")
+    parser.add_argument("--variants", default="default,static,tma,bwd64,bwd32,autotune")
     parser.add_argument("--lengths", default="3072", help="comma-separated document lengths of one pass")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--out", type=Path)
@@ -56,7 +60,8 @@ def main() -> int:
         attn = FlexAttention(layout, ["full_attention"], None, 128**-0.5)
         from torch.nn.attention.flex_attention import flex_attention
 
-        kernel = torch.compile(flex_attention, dynamic=name != "static")
+        mode = "max-autotune-no-cudagraphs" if name == "autotune" else None
+        kernel = torch.compile(flex_attention, dynamic=name != "static", mode=mode)
         mask = attn.block_masks["full_attention"]
         q = torch.randn(1, 32, q_rows, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(1, 8, kv_rows, 128, device=device, dtype=torch.bfloat16, requires_grad=True)

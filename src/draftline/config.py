@@ -162,10 +162,9 @@ class EngineConfig:
     """Block rows (anchors x block) per drafter pass; a larger batch runs in several passes."""
     activation_checkpointing: bool = False
     """Recompute drafter layers in backward (less memory, ~1/3 more drafter compute)."""
-    compile_drafter: bool = False
-    """On CUDA, torch.compile the drafter layers' dense parts (fused norms, RoPE, SwiGLU; 157 vs 202 ms
-    per 3,072-token sample on an H200: docs/PERF_NOTES.md). Off by default: on the H200 its bf16
-    gradients (q_proj) did not match eager in tests/model/test_fused.py; ``--compile`` turns it on."""
+    compile: bool = True
+    """On CUDA, torch.compile the dense parts of the drafter's training step and of the target's feature
+    pass (fused norms, RoPE, SwiGLU, residuals: docs/PERF_NOTES.md); ``--no-compile`` runs them eager."""
     preflight: bool = True
     """Run each role's worst-case batch before training and refuse a configuration that would run out of memory."""
     memory_headroom_gib: float = 2.0

@@ -185,3 +185,33 @@ def test_packed_row_equals_padded_rows(family, request):
     packed = TargetFeatures(target_dir, [1, 3], dtype=torch.float32, packed=True)
     padded = TargetFeatures(target_dir, [1, 3], dtype=torch.float32)
     torch.testing.assert_close(packed(batch), padded(batch), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_target_gives_the_same_features(family, request):
+    """compile_target (graph capture only on CPU: aot_eager) changes no feature, and packed batches of
+    new lengths reuse the compiled layers (dynamic shapes: no compilation per batch)."""
+    import torch._dynamo
+
+    from draftline.model.fused import compile_target
+
+    target_dir = request.getfixturevalue(family)
+    eager = TargetFeatures(target_dir, [0, 2], dtype=torch.float32)
+    compiled = TargetFeatures(target_dir, [0, 2], dtype=torch.float32)
+    original = torch.compile
+    torch._dynamo.reset()
+    try:
+        torch.compile = lambda fn, dynamic=None: original(fn, dynamic=dynamic, backend="aot_eager")
+        compile_target(compiled)
+    finally:
+        torch.compile = original
+    torch._dynamo.utils.counters.clear()
+    for lengths in ([37, 5, 61, 20], [12, 40], [70, 9, 3]):
+        _, batch = _batch(lengths, seed=len(lengths))
+        torch.testing.assert_close(compiled(batch), eager(batch), rtol=1e-5, atol=1e-5)
+    frames = torch._dynamo.utils.counters["frames"]
+    assert frames["ok"] > 0  # the compiled functions ran in the feature pass
+    ok_after_first = frames["ok"]
+    _, batch = _batch([25, 33, 8, 14, 2], seed=9)
+    compiled(batch)
+    assert torch._dynamo.utils.counters["frames"]["ok"] == ok_after_first  # a fifth shape: nothing recompiled

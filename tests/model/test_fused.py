@@ -29,7 +29,10 @@ def _run(drafter, lengths, device, dtype):
     attend = make_attention(blocks.layout, drafter.config, "dense")
     with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
         out = drafter(embeds.to(dtype), feats.to(dtype), blocks.block_positions, blocks.context_positions, attend)
-    out.float().square().sum().backward()
+    # A fixed random readout: the drafter's output is RMS-normalised, so a loss like out.square().sum()
+    # would not depend on any weight but the final norm's (its other gradients are rounding noise).
+    readout = torch.randn(out.shape, generator=g).to(device)
+    (out.float() * readout).sum().backward()
     grads = {n: p.grad.clone() for n, p in drafter.named_parameters()}
     drafter.zero_grad(set_to_none=True)
     return out.detach().float(), grads
@@ -63,21 +66,30 @@ def test_compiled_layers_keep_state_dict_and_capture_whole_halves(qwen3_target):
         torch.testing.assert_close(grad, ref_grads[name], rtol=1e-4, atol=1e-6)
 
 
+def _rel(a, b):
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.xfail(reason="H200, torch 2.11 (2026-12-01): q_proj's gradient is 1.2x its norm away from eager's; "
-                          "why is not known, so compile_drafter is off by default", strict=False)
 def test_compiled_drafter_equals_eager_on_cuda_in_bf16(qwen3_target):
-    """Inductor's fused bf16 kernels: same outputs and gradients as eager up to bf16 rounding."""
+    """Inductor's fused bf16 kernels are as close to the fp32 result as eager bf16 is.
+
+    Both bf16 runs are measured against the eager fp32 run: the compiled one may round differently
+    but not worse (a wrong function would be off by ~100%, bf16 rounding is ~1e-2).
+    """
     device = torch.device("cuda")
     eager, compiled = _pair(qwen3_target, device)
     compile_drafter(compiled)
     for lengths in ([40, 23], [71]):  # a second shape: dynamic, no recompilation needed
-        ref_out, ref_grads = _run(eager, lengths, device, torch.bfloat16)
+        ref_out, ref_grads = _run(eager, lengths, device, torch.float32)
+        bf_out, bf_grads = _run(eager, lengths, device, torch.bfloat16)
         out, grads = _run(compiled, lengths, device, torch.bfloat16)
-        assert ((out - ref_out).norm() / ref_out.norm()) < 3e-2
-        for name, grad in grads.items():  # bf16 rounding of fused chains; a wrong function is off by ~100%
-            assert ((grad - ref_grads[name]).norm() / ref_grads[name].norm().clamp_min(1e-12)) < 1e-1, name
+        assert _rel(out, ref_out) < max(2 * _rel(bf_out, ref_out), 1e-2)
+        for name, grad in grads.items():
+            eager_err = _rel(bf_grads[name], ref_grads[name])
+            assert eager_err < 5e-2, (name, eager_err)  # the readout makes every gradient signal, not noise
+            assert _rel(grad, ref_grads[name]) < max(2 * eager_err, 1e-2), (name, _rel(grad, ref_grads[name]), eager_err)
 
 
 def test_inference_calls_run_the_eager_code(qwen3_target):

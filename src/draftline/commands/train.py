@@ -72,12 +72,12 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--head-chunk-rows": ("engine", "head_chunk_rows"),
     "--max-query-rows": ("engine", "max_query_rows"),
     "--activation-checkpointing": ("engine", "activation_checkpointing"),
-    "--compile": ("engine", "compile_drafter"),
+    "--no-compile": ("engine", "compile"),
     "--no-preflight": ("engine", "preflight"),
     "--memory-headroom-gib": ("engine", "memory_headroom_gib"),
     "--trace": ("engine", "trace"),
 }
-_OFF_SWITCHES = {"--no-tensorboard", "--no-preflight"}  # these turn a default-on bool field off
+_OFF_SWITCHES = {"--no-tensorboard", "--no-preflight", "--no-compile"}  # these turn a default-on bool field off
 
 
 def _help(section: str, name: str) -> str:

@@ -203,6 +203,10 @@ class TargetFeatures:
 
         return capture
 
+    def in_feature_pass(self) -> bool:
+        """True inside ``__call__`` on this thread (not while the same model decodes for evaluation)."""
+        return getattr(self._local, "captured", None) is not None
+
     @property
     def hidden_size(self) -> int:
         return int(text_config(self.model.config).hidden_size)

@@ -148,8 +148,13 @@ def build_target(config: TrainConfig, role: Role, device: torch.device, dtype: t
     """The frozen target that computes the drafter's features on this rank."""
     layer_ids = drafter_config(config).dflash_config["target_layer_ids"]
     keep_all = role.kind == COLOCATED and role.is_logging  # the same copy decodes for evaluation
-    return TargetFeatures(config.model.target, layer_ids, device=device, dtype=dtype,
-                          keep_all_layers=keep_all, final_hidden=config.optim.distill > 0)
+    target = TargetFeatures(config.model.target, layer_ids, device=device, dtype=dtype,
+                            keep_all_layers=keep_all, final_hidden=config.optim.distill > 0)
+    if config.engine.compile and device.type == "cuda":
+        from draftline.model.fused import compile_target
+
+        compile_target(target)  # fused norms, RoPE, SwiGLU and residuals around the matmuls
+    return target
 
 
 def feature_width(config: TrainConfig, drafter: DFlashDrafter) -> int:

@@ -223,7 +223,7 @@ class Line:
             health=self.health, device=self.device, compute_dtype=self.dtype,
             batches_per_step=self.plan.batches_per_step, start_step=start_step, total_steps=self.plan.total_steps,
             max_query_rows=c.engine.max_query_rows, grad_clip=c.optim.grad_clip, max_bad_steps=c.optim.max_bad_steps,
-            activation_checkpointing=c.engine.activation_checkpointing, compile_layers=c.engine.compile_drafter,
+            activation_checkpointing=c.engine.activation_checkpointing, compile_layers=c.engine.compile,
             on_step=self._after_step, on_batch=self._trace_batch if c.engine.trace else None,
             stop_requested=self._stop_requested,
         )
