@@ -13,6 +13,8 @@ import json
 import sys
 import time
 
+import torch
+
 from draftline.errors import DraftlineError
 from draftline.pipeline.health import Health, RunAborted, describe_exception
 
@@ -47,7 +49,9 @@ def fail(line, exc: BaseException) -> int:
         message = str(exc)
     else:
         cause = describe_exception(exc)
-        culprit = find_culprit(health) if line.store is not None else None
+        # A communication error is usually the echo of another rank's death; running out of memory is not.
+        own = isinstance(exc, torch.OutOfMemoryError)
+        culprit = find_culprit(health) if line.store is not None and not own else None
         if culprit:
             message = f"{culprit} (seen by {health.info.describe()} as: {cause[:200]})"
             health.abort(message, publish=True, rank=health.failed_rank)

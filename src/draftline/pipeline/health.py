@@ -66,9 +66,9 @@ def local_rank_info(rank: int, role: str, device: torch.device) -> RankInfo:
 def describe_exception(exc: BaseException) -> str:
     """The cause of a failure in words, with what to do for the common ones."""
     if isinstance(exc, torch.OutOfMemoryError):
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        return (f"out of GPU memory ({first[:160]}); lower --token-budget or --max-query-rows, "
-                "or enable --activation-checkpointing")
+        from draftline.pipeline.memory import describe_out_of_memory
+
+        return describe_out_of_memory(exc)
     return f"{type(exc).__name__}: {exc}"[:600]
 
 

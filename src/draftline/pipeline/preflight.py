@@ -41,6 +41,7 @@ import torch
 
 from draftline.data.batch import PackedBatch
 from draftline.errors import DraftlineError
+from draftline.pipeline.memory import MemoryLimit, memory_limit
 
 _GIB = 2**30
 DOC_TOKENS = 2048
@@ -62,44 +63,6 @@ def _synthetic_batch(num_tokens: int, vocab_size: int) -> PackedBatch:
     ids = torch.randint(0, vocab_size, (num_tokens,), generator=g)
     lengths = [DOC_TOKENS] * (num_tokens // DOC_TOKENS) + ([num_tokens % DOC_TOKENS] if num_tokens % DOC_TOKENS else [])
     return PackedBatch(ids, torch.ones(num_tokens, dtype=torch.bool), torch.tensor(lengths), torch.tensor([0]))
-
-
-# ---------------------------------------------------------------------------------------- the limit
-@dataclass
-class MemoryLimit:
-    """What this process may allocate on its device."""
-
-    total: float  # the device's memory
-    fraction: float  # the caching allocator's per-process fraction (1.0 unless set)
-    free: float  # free on the device now (other processes and this one's cache excluded)
-    reserved: float  # held by this process's allocator now
-    headroom: float  # kept free by preflight (memory_headroom_gib)
-
-    @property
-    def usable(self) -> float:
-        return min(self.total * self.fraction, self.free + self.reserved)
-
-    @property
-    def limit(self) -> float:
-        return self.usable - self.headroom
-
-    def describe(self) -> str:
-        if self.free + self.reserved < self.total * self.fraction:
-            why = f"{_gib(self.free)} free on the device + {_gib(self.reserved)} this process holds; other processes use the rest"
-        elif self.fraction < 1.0:
-            why = f"{self.fraction:.0%} of the device's {_gib(self.total)} (torch.cuda.set_per_process_memory_fraction)"
-        else:
-            why = f"the whole device, {_gib(self.total)}"
-        return f"limit {_gib(self.limit)} = {_gib(self.usable)} this process may use ({why}) - {_gib(self.headroom)} headroom"
-
-
-def memory_limit(device: torch.device, headroom_gib: float) -> MemoryLimit:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    free, total = torch.cuda.mem_get_info(index)
-    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.5
-    fraction = get_fraction(index) if get_fraction is not None else 1.0
-    return MemoryLimit(float(total), float(fraction), float(free), float(torch.cuda.memory_reserved(index)),
-                       headroom_gib * _GIB)
 
 
 # ---------------------------------------------------------------------------------------- measuring
