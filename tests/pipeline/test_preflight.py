@@ -213,6 +213,27 @@ def test_a_one_time_allocation_in_a_measured_point_is_caught_by_the_check(cpu_li
     assert "within the 5.0 GiB limit" in printed
 
 
+def test_a_fit_that_does_not_hold_refuses_only_from_the_configured_size(cpu_line, counter, monkeypatch):
+    """The same one-time allocation, but the configured size really does not fit: measured there, refused."""
+    line, target, objective, optimizer = cpu_line
+    _limit(monkeypatch, DRAFTER_LAW(8192, 512))
+    counted, polluted = preflight._measure, []
+
+    def measure(device, fn):
+        peak = counted(device, fn)
+        if counter["calls"][-1] == (2048, 64) and not polluted:
+            polluted.append(True)
+            peak += 2 * GIB
+        return peak
+
+    monkeypatch.setattr(preflight, "_measure", measure)
+    with pytest.raises(DraftlineError) as info:
+        preflight.preflight_drafter(line, objective, optimizer)
+    assert counter["calls"][-1] == (8192, 1024)
+    assert f"needs {DRAFTER_LAW(8192, 1024) / GIB:.1f} GiB for its worst case" in str(info.value)  # measured, not predicted
+    assert "(predicted)" not in str(info.value)
+
+
 def test_a_resume_says_what_changed(cpu_line, counter, monkeypatch, capsys):
     line, target, *_ = cpu_line
     line.config.data.token_budget = 2048  # measured directly: one pass
