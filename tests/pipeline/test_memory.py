@@ -81,6 +81,16 @@ def test_the_innermost_context_wins_and_other_errors_pass_through():
             with memory.out_of_memory_context(torch.device("cpu"), lambda: inner):
                 raise torch.OutOfMemoryError("CUDA out of memory.")
     assert memory.context_of(info.value) is inner
+    # an out-of-memory error wrapped by another (a compiler's, while it benchmarked kernels) is found and told
+    with pytest.raises(RuntimeError) as info:
+        with memory.out_of_memory_context(torch.device("cpu"), outer):
+            try:
+                raise torch.OutOfMemoryError(CUDA_TEXT)
+            except torch.OutOfMemoryError as oom:
+                raise RuntimeError("InductorError: benchmarking failed") from oom
+    from draftline.pipeline.health import describe_exception
+
+    assert describe_exception(info.value).startswith("out of GPU memory in the drafter's pass 2 of batch 17")
     with pytest.raises(KeyError):
         with memory.out_of_memory_context(torch.device("cpu"), outer):
             raise KeyError("not memory")

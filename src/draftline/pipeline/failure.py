@@ -13,10 +13,9 @@ import json
 import sys
 import time
 
-import torch
-
 from draftline.errors import DraftlineError
 from draftline.pipeline.health import Health, RunAborted, describe_exception
+from draftline.pipeline.memory import find_out_of_memory
 
 
 def find_culprit(health: Health, wait_s: float = 3.0) -> str | None:
@@ -59,7 +58,7 @@ def fail(line, exc: BaseException) -> int:
     else:
         cause = describe_exception(exc)
         # A communication error is usually the echo of another rank's death; running out of memory is not.
-        own = isinstance(exc, torch.OutOfMemoryError)
+        own = find_out_of_memory(exc) is not None
         culprit = find_culprit(health) if line.store is not None and not own else None
         if culprit:
             message = f"{culprit} (seen by {health.info.describe()} as: {cause[:200]})"

@@ -75,10 +75,11 @@ def store_address() -> str:
 
 def describe_exception(exc: BaseException) -> str:
     """The cause of a failure in words, with what to do for the common ones."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        from draftline.pipeline.memory import describe_out_of_memory
+    from draftline.pipeline.memory import describe_out_of_memory, find_out_of_memory
 
-        return describe_out_of_memory(exc)
+    oom = find_out_of_memory(exc)
+    if oom is not None:
+        return describe_out_of_memory(oom)
     return f"{type(exc).__name__}: {exc}"[:600]
 
 

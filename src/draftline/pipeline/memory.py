@@ -83,14 +83,25 @@ class OutOfMemoryContext:
     device: torch.device
 
 
+def find_out_of_memory(exc: BaseException | None) -> torch.OutOfMemoryError | None:
+    """``exc`` if it is an out-of-memory error, or the one it was raised from (a compiler error can wrap
+    one raised while it benchmarked kernels)."""
+    for _ in range(8):
+        if exc is None or isinstance(exc, torch.OutOfMemoryError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 @contextmanager
 def out_of_memory_context(device: torch.device, context: Callable[[], OutOfMemoryContext]):
     """Attach ``context()`` to an out-of-memory error raised inside (the innermost one wins)."""
     try:
         yield
-    except torch.OutOfMemoryError as exc:
-        if getattr(exc, _CONTEXT, None) is None:
-            setattr(exc, _CONTEXT, context())
+    except Exception as exc:
+        oom = find_out_of_memory(exc)
+        if oom is not None and getattr(oom, _CONTEXT, None) is None:
+            setattr(oom, _CONTEXT, context())
         raise
 
 

@@ -47,7 +47,7 @@ import torch
 
 from draftline.data.batch import PackedBatch
 from draftline.errors import DraftlineError
-from draftline.pipeline.memory import MemoryLimit, memory_limit
+from draftline.pipeline.memory import MemoryLimit, find_out_of_memory, memory_limit
 
 _GIB = 2**30
 DOC_TOKENS = 2048
@@ -82,7 +82,9 @@ def _measure(device: torch.device, fn) -> float | None:
     try:
         fn()
         torch.cuda.synchronize(device)
-    except torch.OutOfMemoryError:
+    except Exception as exc:
+        if find_out_of_memory(exc) is None:  # an out-of-memory error, also one a compiler error wraps
+            raise
         torch.cuda.empty_cache()
         return None
     return float(torch.cuda.max_memory_allocated(device))
