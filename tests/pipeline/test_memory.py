@@ -20,7 +20,7 @@ from draftline.model.target import TargetFeatures
 from draftline.objective.loss import DFlashObjective
 from draftline.pipeline import memory
 from draftline.pipeline.drafter_worker import DrafterWorker
-from draftline.pipeline.memory import MemoryLimit, OutOfMemoryContext, describe_out_of_memory, memory_limit
+from draftline.pipeline.memory import OutOfMemoryContext, describe_out_of_memory, memory_limit
 from line_helpers import base_args, read_jsonl, write_dataset
 
 GIB = 2**30
