@@ -3,9 +3,11 @@
     python bench/bench_preflight.py --shape 8b --budgets 32768 262144 --json preflight.json
 
 One process plays the colocated rank of ``draftline train`` on one GPU (the target's check, then the
-drafter's with the target's transient peak and the hidden-state queue), for each budget in turn;
-the first one pays the kernel compilation that training would pay at its first batches. Prints and
-writes each check's seconds and outcome (accepted, or the refusal with what fits).
+drafter's with the target's transient peak and the hidden-state queue), for each budget and queue
+size in turn; the first one pays the kernel compilation that training would pay at its first batches.
+Preflight prints every point it measures (the warm-up, the fit, the check point, the verification);
+at the end a table gives, per check, the seconds, the check point's error against the fit, the
+predicted and the measured peak and the outcome (accepted, or the refusal with what fits).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="8b")
     parser.add_argument("--budgets", type=int, nargs="+", default=[32768, 262144])
-    parser.add_argument("--q-hs", type=int, nargs="+", default=[8], help="queue sizes to try per budget")
+    parser.add_argument("--q-hs", type=int, nargs="+", default=[8, 2], help="queue sizes to try per budget")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -69,6 +71,7 @@ def main() -> None:
             except DraftlineError as exc:
                 record["outcome"] = f"refused: {exc}"
             record["total_s"] = time.perf_counter() - t0
+            record["measured"] = getattr(line, "preflight_measured", {})
             del optimizer
             torch.cuda.empty_cache()
             results["runs"].append(record)
@@ -76,7 +79,43 @@ def main() -> None:
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(results, f, indent=2)
+    print_table(results["runs"])
+    print(f"\nwhole benchmark: {time.perf_counter() - started:.0f} s (building the model: {build_s:.0f} s)")
 
+
+def _gib(value) -> str:
+    return "-" if value is None else f"{value / 2**30:.1f}"
+
+
+def _role_cells(measured: dict | None, seconds) -> list[str]:
+    """seconds | check point: error against the fit | predicted | measured (GiB) of one role's check."""
+    if not measured:
+        return ["-", "not run", "-", "-"]
+    check = measured.get("check")
+    if check:
+        off = (check["measured"] - check["predicted"]) / 2**20
+        check_cell = f"{off:+,.0f} MiB ({'holds' if check['trusted'] else 'does not hold'})"
+    else:
+        check_cell = "measured directly"
+    return ["-" if seconds is None else f"{seconds:.1f}", check_cell, _gib(measured.get("predicted")),
+            _gib(measured.get("verified"))]
+
+
+def print_table(runs: list[dict]) -> None:
+    head = ["--token-budget", "q_hs", "target s", "target check", "target predicted GiB", "target measured GiB",
+            "drafter s", "drafter check", "drafter predicted GiB", "drafter measured GiB", "total s", "outcome"]
+    print("\n| " + " | ".join(head) + " |")
+    print("|" + "|".join("---:" if i < len(head) - 1 else "---" for i in range(len(head))) + "|")
+    for run in runs:
+        measured = run.get("measured", {})
+        outcome = run["outcome"]
+        if outcome.startswith("refused"):
+            role = "drafter" if "the drafter" in outcome else "target"
+            at = outcome.find("The largest")
+            outcome = f"refused ({role}): {outcome[at:] if at >= 0 else outcome[-200:]}"
+        cells = [f"{run['token_budget']:,}", str(run["q_hs"]), *_role_cells(measured.get("target"), run.get("target_s")),
+                 *_role_cells(measured.get("drafter"), run.get("drafter_s")), f"{run['total_s']:.1f}", outcome]
+        print("| " + " | ".join(cells) + " |")
 
 if __name__ == "__main__":
     main()

@@ -150,3 +150,35 @@ def test_the_watchdog_names_a_killed_neighbour_within_a_second_and_publishes_it(
         health.stop()
         child.kill()
         child.wait()
+
+
+class _GoneStore:
+    """A store whose host is gone: every call fails as TCPStore's do."""
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            raise RuntimeError("Connection reset by peer")
+        return call
+
+
+def test_a_lost_store_names_the_node_that_hosted_it(monkeypatch):
+    from draftline.pipeline.failure import find_culprit
+
+    monkeypatch.setenv("MASTER_ADDR", "node-a")
+    monkeypatch.setenv("MASTER_PORT", "29400")
+    store = dist.HashStore()
+    host = RankInfo(0, "drafter", "node-a", "GPU 0 H200", 4242, node=0)
+    store.set("rank/0", json.dumps(host.__dict__))
+    store.set("hb/0", json.dumps({"time": time.time(), "progress": time.time(), "warm": True, "stats": {}}))
+    me = Health(RankInfo(1, "target", "node-b", "GPU 0 H200", os.getpid(), node=1), store, world_size=2)
+    assert me.scan() is None  # rank 0 is known (and healthy) while the store answers
+    me.store = _GoneStore()
+    message = find_culprit(me, wait_s=1.0)
+    assert message == ("lost contact with the job's store at node-a:29400 (hosted by node 0's launcher, which ran "
+                       "drafter rank 0 (host node-a, GPU 0 H200, pid 4242)): that node died or its network is down "
+                       "(or its launcher ended the job: see node 0's log)")
+    assert me.failed_rank == 0
+    own = Health(RankInfo(0, "drafter", "node-a", "CPU", os.getpid(), node=0), _GoneStore(), world_size=2)
+    assert "this node's own" in own.store_lost()
+    me.store = store  # a store that answers is not lost: no culprit from it
+    assert find_culprit(me, wait_s=0.3) is None

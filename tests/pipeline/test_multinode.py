@@ -1,11 +1,14 @@
 """Two nodes on one machine: two torchrun launchers on localhost (CPU, gloo, c10d rendezvous)
 running the README's multi-node command. It trains; killing one node's launcher stops the other
-node with a message that names the lost rank (role, rank, host, pid) and a non-zero exit."""
+node with a message that names the lost rank (role, rank, host, pid) and a non-zero exit; killing the
+launcher that hosts the job's store (node 0's) makes the other node name that node and its ranks,
+not blame itself."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -103,3 +106,38 @@ def test_two_nodes_train_and_a_killed_launcher_stops_the_other_naming_the_lost_r
     named = f"{info['role']} rank {info['rank']} (host {info['host']}, CPU, pid {lost[0]})"
     assert named in err and "died" in err, err[-3000:]
     assert named in json.loads((out / "failure.json").read_text())["message"]
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_losing_the_node_that_hosts_the_store_is_named_by_the_survivor(qwen3_target, line_data, tmp_path):
+    out = tmp_path / "run"
+    procs = _two_nodes(tmp_path, base_args(qwen3_target, line_data, out, epochs=40, max_steps=400, trace=True,
+                                           failure_timeout=5))
+    try:
+        wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 3, 90, "3 steps", procs[0])
+        ranks = [json.loads(p.read_text()) for p in (out / "ranks").glob("rank-*.json")]
+        host = next(r for r in ranks if r["node"] == 0)  # torchrun's group rank 0: its launcher serves the store
+        survivor = next(r for r in ranks if r["node"] != 0)
+        launcher = _parent(host["pid"])
+        victim, other = (0, 1) if procs[0].pid == launcher else (1, 0)
+        assert procs[victim].pid == launcher
+        killed_at = time.time()
+        os.kill(launcher, signal.SIGKILL)
+        code = procs[other].wait(timeout=60)
+        seconds = time.time() - killed_at
+    finally:
+        _stop(procs)
+    err = (tmp_path / f"node{other}.err").read_text()
+    assert code != 0 and seconds < 30, err[-3000:]
+    lost = f"{host['role']} rank {host['rank']} (host {host['host']}, CPU, pid {host['pid']})"
+    named = [line for line in err.splitlines() if "lost contact with the job's store at" in line]
+    assert named, err[-3000:]
+    assert re.search(r"store at \S+:\d+ \(hosted by node 0's launcher, which ran " + re.escape(lost) + r"\): "
+                     r"that node died or its network is down", named[0]), named[0]
+    me = f"{survivor['role']} rank {survivor['rank']} (host"
+    assert named[0].startswith(f"draftline: {me}") or "run failed:" in named[0], named[0]
+    assert f"{me} {survivor['host']}, CPU, pid {survivor['pid']}) failed" not in err, err[-3000:]  # not itself

@@ -125,17 +125,21 @@ def test_a_budget_that_fits_is_measured_small_then_verified_once(cpu_line, count
     line, target, objective, optimizer = cpu_line
     _limit(monkeypatch, 100 * GIB)
     transient = preflight.preflight_target(line, target)
-    assert counter["calls"] == [(1024, 0), (2048, 0), (8192, 0)]  # two small sizes, one verification
+    # a warm-up (not in the fit), two small sizes, a check between them, one verification
+    assert counter["calls"] == [(1024, 0), (1024, 0), (2048, 0), (1536, 0), (8192, 0)]
     assert transient == pytest.approx(TARGET_LAW(8192))
     counter["calls"].clear()
     before = {k: v.clone() for k, v in objective.drafter.state_dict().items()}
     preflight.preflight_drafter(line, objective, optimizer, target)
-    # a warm-up pass (not in the fit), three small sizes, one verification
-    assert counter["calls"] == [(1024, 64), (1024, 64), (1024, 128), (2048, 64), (8192, 1024)]
+    # a warm-up pass (not in the fit), three small sizes, a check at both larger sizes, one verification
+    assert counter["calls"] == [(1024, 64), (1024, 64), (1024, 128), (2048, 64), (2048, 128), (8192, 1024)]
     for name, value in objective.drafter.state_dict().items():  # the drafter is as it was
         torch.testing.assert_close(value, before[name], rtol=0, atol=0)
     printed = capsys.readouterr().out
-    assert "preflight: target (rank 0 (test)): peak memory at 1,024 and 2,048 tokens, extrapolated to --token-budget 8,192" in printed
+    assert ("preflight: target (rank 0 (test)): peak memory at 1,024 and 2,048 tokens (checked at 1,536), extrapolated "
+            "to --token-budget 8,192") in printed
+    assert "target: fit: 2.0 GiB + 39.1 MiB per 1K tokens; check at 1,536 tokens: measured" in printed
+    assert "the fit holds" in printed and "does not hold" not in printed
     assert "preflight: drafter: " in printed and "verifying at that size" in printed and "within the 100.0 GiB limit" in printed
     assert "(50% of the device's" in printed  # the limit quoted is the process's share
 
@@ -146,7 +150,7 @@ def test_a_budget_that_does_not_fit_is_refused_from_the_fit_with_what_fits(cpu_l
     _limit(monkeypatch, limit)
     with pytest.raises(DraftlineError) as info:
         preflight.preflight_target(line, target)
-    assert counter["calls"] == [(1024, 0), (2048, 0)]  # no full-size run, no search by repeated runs
+    assert counter["calls"] == [(1024, 0), (1024, 0), (2048, 0), (1536, 0)]  # no full-size run, no search
     message = str(info.value)
     best = int(re.search(r"pass --token-budget (\d+)", message).group(1))
     assert best == 4864 and TARGET_LAW(best) <= limit < TARGET_LAW(best + 256)
@@ -156,7 +160,7 @@ def test_a_budget_that_does_not_fit_is_refused_from_the_fit_with_what_fits(cpu_l
     # the drafter, colocated: the target's transient peak counts; both budget and rows are offered
     line.target_preflight_fit = LinearPeak(0.0, TARGET_LAW.per_token)
     both = LinearPeak(DRAFTER_LAW.base, DRAFTER_LAW.per_token + TARGET_LAW.per_token, DRAFTER_LAW.per_row)
-    _limit(monkeypatch, both(8192, 512))
+    _limit(monkeypatch, both(8192, 512) + 1)  # + 1 byte: the least-squares fit's rounding
     counter["calls"].clear()
     with pytest.raises(DraftlineError) as info:
         preflight.preflight_drafter(line, objective, optimizer, target)
@@ -166,6 +170,68 @@ def test_a_budget_that_does_not_fit_is_refused_from_the_fit_with_what_fits(cpu_l
     assert rows == 512 and both(budget, 1024) <= both(8192, 512) < both(budget + 256, 1024)
     assert "colocated with the target" in message and "--activation-checkpointing" in message
     assert (8192, 1024) not in counter["calls"]
+
+
+def test_a_refusal_quotes_the_free_memory_when_other_processes_hold_some(cpu_line, counter, monkeypatch):
+    line, target, *_ = cpu_line
+    free = TARGET_LAW(5000) + 2 * GIB  # the device is 4x larger: other processes hold the rest
+    monkeypatch.setattr(preflight, "memory_limit", lambda device, headroom: MemoryLimit(
+        total=4 * free, fraction=1.0, free=free, reserved=0.0, headroom=headroom * GIB))
+    with pytest.raises(DraftlineError) as info:
+        preflight.preflight_target(line, target)
+    message = str(info.value)
+    assert (f"limit {TARGET_LAW(5000) / GIB:.1f} GiB = {free / GIB:.1f} GiB this process may use ({free / GIB:.1f} GiB "
+            "free on the device + 0.0 GiB this process holds; other processes use the rest)") in message, message
+    assert f"{4 * free / GIB:.1f} GiB" not in message  # not the whole device
+    assert "pass --token-budget 4864" in message
+
+
+def test_a_one_time_allocation_in_a_measured_point_is_caught_by_the_check(cpu_line, counter, monkeypatch, capsys):
+    """As on the H200 before the warm-up (188.6 GiB predicted at 32K): one measured point carries memory the
+    others find resident, the slopes carry it. The check point disagrees, so there is no refusal from the
+    fit: the configured size is measured, and it fits."""
+    line, target, objective, optimizer = cpu_line
+    _limit(monkeypatch, 5 * GIB)
+    counted, polluted = preflight._measure, []
+
+    def measure(device, fn):
+        peak = counted(device, fn)
+        if counter["calls"][-1] == (2048, 64) and not polluted:  # e.g. kernels compiled for a new shape, kept
+            polluted.append(True)
+            peak += 2 * GIB
+        return peak
+
+    monkeypatch.setattr(preflight, "_measure", measure)
+    preflight.preflight_drafter(line, objective, optimizer)  # a drafter rank of a split line
+    measured = line.preflight_measured["drafter"]
+    assert LinearPeak(**measured["fit"])(8192, 1024) > 5 * GIB  # the fit alone would have refused
+    assert measured["check"]["tokens"] == 2048 and measured["check"]["rows"] == 128 and not measured["check"]["trusted"]
+    assert counter["calls"][-1] == (8192, 1024)  # measured at the configured size instead
+    assert measured["verified"] == pytest.approx(DRAFTER_LAW(8192, 1024))
+    printed = capsys.readouterr().out
+    assert "the fit does not hold (a one-time allocation in a measured point" in printed
+    assert "within the 5.0 GiB limit" in printed
+
+
+def test_a_fit_that_does_not_hold_refuses_only_from_the_configured_size(cpu_line, counter, monkeypatch):
+    """The same one-time allocation, but the configured size really does not fit: measured there, refused."""
+    line, target, objective, optimizer = cpu_line
+    _limit(monkeypatch, DRAFTER_LAW(8192, 512))
+    counted, polluted = preflight._measure, []
+
+    def measure(device, fn):
+        peak = counted(device, fn)
+        if counter["calls"][-1] == (2048, 64) and not polluted:
+            polluted.append(True)
+            peak += 2 * GIB
+        return peak
+
+    monkeypatch.setattr(preflight, "_measure", measure)
+    with pytest.raises(DraftlineError) as info:
+        preflight.preflight_drafter(line, objective, optimizer)
+    assert counter["calls"][-1] == (8192, 1024)
+    assert f"needs {DRAFTER_LAW(8192, 1024) / GIB:.1f} GiB for its worst case" in str(info.value)  # measured, not predicted
+    assert "(predicted)" not in str(info.value)
 
 
 def test_a_resume_says_what_changed(cpu_line, counter, monkeypatch, capsys):

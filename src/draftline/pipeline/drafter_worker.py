@@ -26,6 +26,7 @@ from draftline.monitor.flops import DrafterShape, drafter_flops_of_blocks
 from draftline.objective.loss import DFlashObjective
 from draftline.objective.metrics import WEIGHT_SUM, metrics_size
 from draftline.pipeline.health import Health
+from draftline.pipeline.memory import OutOfMemoryContext, gib, out_of_memory_context
 from draftline.pipeline.optim import scale_and_clip_grads_
 from draftline.pipeline.waits import wait_work
 from draftline.pipeline.transport import Delivery, FeatureReceiver
@@ -145,6 +146,7 @@ class DrafterWorker:
         self.max_anchors_per_pass = max(1, max_query_rows // self.block_size)
         self.grad_clip = grad_clip
         self.max_bad_steps = max_bad_steps
+        self.activation_checkpointing = activation_checkpointing
         self.on_step = on_step
         self.on_batch = on_batch
         self.stop_requested = stop_requested
@@ -185,15 +187,16 @@ class DrafterWorker:
         start = time.perf_counter()
         batch = delivery.batch
         dense = self.objective.dense_attention(self.device)
-        for part, blocks_host in self.objective.passes(batch, self.max_anchors_per_pass, dense=dense):  # host
+        for index, (part, blocks_host) in enumerate(self.objective.passes(batch, self.max_anchors_per_pass, dense=dense)):  # host
             flops = drafter_flops_of_blocks(self.shape, blocks_host)
             self.counters.flops += flops
             self._vector[self._metrics_size + 3] += flops
-            blocks = blocks_host.pin_memory().to(self.device) if self.device.type == "cuda" else blocks_host
-            features = delivery.features[part.token_lo : part.token_hi]
-            with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32):
-                loss_sum, metrics = self.objective(features, blocks)
-            loss_sum.backward()
+            with out_of_memory_context(self.device, lambda: self._pass_context(delivery, index, part, blocks_host)):
+                blocks = blocks_host.pin_memory().to(self.device) if self.device.type == "cuda" else blocks_host
+                features = delivery.features[part.token_lo : part.token_hi]
+                with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self.compute_dtype != torch.float32):
+                    loss_sum, metrics = self.objective(features, blocks)
+                loss_sum.backward()
             self._vector[: self._metrics_size] += metrics
             self.counters.passes += 1
             self.health.check()
@@ -209,8 +212,37 @@ class DrafterWorker:
         if self.on_batch is not None:
             self.on_batch(self, delivery)
 
+    def _pass_context(self, delivery: Delivery, index: int, part, blocks) -> OutOfMemoryContext:
+        """What this drafter knows of the pass that ran out of memory (sizes, and what to lower)."""
+        batch = delivery.batch
+        rows = blocks.num_anchors * self.block_size
+        return OutOfMemoryContext(
+            where=f"the drafter's pass {index + 1} of batch {delivery.seq} (step {self.step + 1})",
+            sizes=f"the batch: {batch.num_tokens:,} tokens in {batch.num_docs} documents; the pass: {rows:,} query rows "
+                  f"({blocks.num_anchors} anchors x block {self.block_size}) over {part.token_hi - part.token_lo:,} "
+                  f"context tokens; the features {tuple(delivery.features.shape)} {str(delivery.features.dtype)[6:]}",
+            advice=f"lower --max-query-rows (now {self.max_anchors_per_pass * self.block_size:,}: the rows of one pass) "
+                   f"or --token-budget (this batch: {batch.num_tokens:,} tokens)"
+                   + ("" if self.activation_checkpointing else ", or enable --activation-checkpointing")
+                   + "; preflight (on unless --no-preflight) measures the worst case before training",
+            device=self.device)
+
+    def _step_context(self) -> OutOfMemoryContext:
+        num_params = sum(p.numel() for p in self.params)
+        return OutOfMemoryContext(
+            where=f"the drafter's optimizer step {self.step + 1} (after its batches)",
+            sizes=f"{num_params:,} trained parameters: gradients {gib(4 * num_params)}, AdamW state "
+                  f"{gib(8 * num_params)} (allocated at the first step)",
+            advice="lower --token-budget or --max-query-rows to leave room for the optimizer state, or fewer "
+                   "--draft-layers; preflight (on unless --no-preflight) measures the step before training",
+            device=self.device)
+
     def finish_step(self) -> bool:
         """All-reduce, normalise, clip, step. Returns True when the drafters agreed to stop."""
+        with out_of_memory_context(self.device, self._step_context):
+            return self._finish_step()
+
+    def _finish_step(self) -> bool:
         start = time.perf_counter()
         self._vector[-1] = 1.0 if self.stop_requested() else 0.0
         vector = self.sync.all_reduce(self._vector.clone())

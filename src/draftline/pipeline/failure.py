@@ -15,20 +15,30 @@ import time
 
 from draftline.errors import DraftlineError
 from draftline.pipeline.health import Health, RunAborted, describe_exception
+from draftline.pipeline.memory import find_out_of_memory
 
 
 def find_culprit(health: Health, wait_s: float = 3.0) -> str | None:
-    """Another rank's death or failure report, if one shows within ``wait_s``."""
+    """Another rank's death or failure report, if one shows within ``wait_s``; a store that no longer
+    answers names the node that hosted it (this rank's own error is then only the echo of that loss)."""
     end = time.time() + wait_s
     while time.time() < end:
         try:
             found = health.scan()
-        except Exception:  # noqa: BLE001 - the store itself is gone
-            return None
+        except Exception:  # noqa: BLE001 - the store itself is gone, or a blip: look once more
+            time.sleep(0.2)
+            return None if health.store_reachable() else health.store_lost()
         if found and found != "the drafters ended the run":
             return found
         time.sleep(0.2)
     return None
+
+
+def _run_over(store) -> bool:
+    try:
+        return store.check(["run_over"])
+    except Exception:  # noqa: BLE001 - the store is gone: not a clean stop
+        return False
 
 
 def fail(line, exc: BaseException) -> int:
@@ -47,14 +57,16 @@ def fail(line, exc: BaseException) -> int:
         message = str(exc)
     else:
         cause = describe_exception(exc)
-        culprit = find_culprit(health) if line.store is not None else None
+        # A communication error is usually the echo of another rank's death; running out of memory is not.
+        own = find_out_of_memory(exc) is not None
+        culprit = find_culprit(health) if line.store is not None and not own else None
         if culprit:
             message = f"{culprit} (seen by {health.info.describe()} as: {cause[:200]})"
             health.abort(message, publish=True, rank=health.failed_rank)
         else:
             health.report_failure(cause)
             message = health.aborted
-    clean_stop = isinstance(exc, RunAborted) and line.store is not None and line.store.check(["run_over"])
+    clean_stop = isinstance(exc, RunAborted) and line.store is not None and _run_over(line.store)
     if clean_stop:
         return 0
     if line.role.is_logging or line.env.world_size == 1:

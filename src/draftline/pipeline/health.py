@@ -49,6 +49,7 @@ class RankInfo:
     host: str
     gpu: str
     pid: int
+    node: int = 0  # torchrun's GROUP_RANK: the launcher (node) this rank runs under
 
     def describe(self) -> str:
         return f"{self.role} rank {self.rank} (host {self.host}, {self.gpu}, pid {self.pid})"
@@ -60,15 +61,25 @@ def local_rank_info(rank: int, role: str, device: torch.device) -> RankInfo:
         gpu = f"GPU {index} {torch.cuda.get_device_name(index)}"
     else:
         gpu = "CPU"
-    return RankInfo(rank, role, socket.gethostname(), gpu, os.getpid())
+    return RankInfo(rank, role, socket.gethostname(), gpu, os.getpid(), int(os.environ.get("GROUP_RANK", "0")))
+
+
+STORE_NODE = 0
+"""The node whose launcher hosts the job's store: torchrun's group rank 0 (its agent serves the store the
+workers share, at MASTER_ADDR:MASTER_PORT; without that sharing, global rank 0 hosts it, on the same node)."""
+
+
+def store_address() -> str:
+    return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
 
 
 def describe_exception(exc: BaseException) -> str:
     """The cause of a failure in words, with what to do for the common ones."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        return (f"out of GPU memory ({first[:160]}); lower --token-budget or --max-query-rows, "
-                "or enable --activation-checkpointing")
+    from draftline.pipeline.memory import describe_out_of_memory, find_out_of_memory
+
+    oom = find_out_of_memory(exc)
+    if oom is not None:
+        return describe_out_of_memory(oom)
     return f"{type(exc).__name__}: {exc}"[:600]
 
 
@@ -250,6 +261,26 @@ class Health:
             self.failed_rank = None
         return None
 
+    def store_lost(self) -> str:
+        """The message for a store that no longer answers: it names the node that hosted it and its ranks."""
+        hosts = sorted((p for p in self.peers.values() if p.node == STORE_NODE and p.rank != self.info.rank),
+                       key=lambda p: p.rank)
+        self.failed_rank = hosts[0].rank if hosts else None
+        where = f"the job's store at {store_address()} (hosted by node {STORE_NODE}'s launcher"
+        if self.info.node == STORE_NODE:
+            return (f"lost contact with {where}, this node's own): the launcher on this node stopped (killed, or it "
+                    "ended the job: see its log)")
+        ranks = ", ".join(p.describe() for p in hosts) if hosts else "ranks this one never heard from"
+        return (f"lost contact with {where}, which ran {ranks}): that node died or its network is down "
+                f"(or its launcher ended the job: see node {STORE_NODE}'s log)")
+
+    def store_reachable(self) -> bool:
+        try:
+            self.store.check(["run_over"])
+            return True
+        except Exception:  # noqa: BLE001 - connection refused or reset: the store's host is gone
+            return False
+
     def _local_peer_gone(self) -> bool:
         """Whether a peer on this host has died or is dying (read from /proc: no store traffic)."""
         for rank, info in list(self.peers.items()):
@@ -269,8 +300,10 @@ class Health:
                     continue
                 next_scan = time.time() + self.beat_s
                 message = self.scan()
-            except Exception:  # noqa: BLE001 - the store itself is gone: the launcher tore the job down
-                message = "lost contact with the job's store (the launcher stopped the run or a node went away)"
+            except Exception:  # noqa: BLE001 - the store itself is gone: its node is lost or its launcher stopped
+                if self.store_reachable():
+                    continue  # a bad record, not a lost store: look again at the next scan
+                message = self.store_lost()
             if message:
                 self.abort(message, publish=message != "the drafters ended the run", rank=self.failed_rank)
                 return

@@ -183,7 +183,7 @@ class Line:
                                                  "role": "target"})
 
         return TargetWorker(features=target, prefetcher=prefetcher, sender=sender, health=self.health,
-                            shape=shape, layers_run=target.layers_run, on_batch=publish)
+                            shape=shape, layers_run=target.layers_run, on_batch=publish, device=self.device)
 
     def _build_drafter(self, target: TargetFeatures | None, setup: RunSetup) -> None:
         c = self.config

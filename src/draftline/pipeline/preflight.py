@@ -12,10 +12,16 @@ hundred MB more. So before training each GPU role checks its worst case on synth
 
 Fast at any budget, because peak memory is linear in tokens and rows and compute need not be:
 
-1. measure at two or three small sizes (seconds) and fit ``peak = a + b * tokens (+ c * rows)``;
-2. if the fit says the configuration does not fit, refuse at once with the largest token budget and
-   query rows that do (from the fit, so no search by repeated full runs);
-3. else verify once at the configured size.
+1. a warm-up pass at the smallest size, not measured: it compiles the kernels, creates the cuBLAS
+   workspaces and (drafter) allocates the AdamW state, one-time allocations that later passes find
+   resident and that a measured point would carry into the fit's slopes;
+2. measure at two or three small sizes (seconds) and fit ``peak = a + b * tokens (+ c * rows)``;
+3. check the fit at one more small size: if the measured peak is off the prediction by more than
+   ``CHECK_TOLERANCE`` (a one-time allocation in a point, or a peak that is not linear), the fit is
+   not trusted for a refusal;
+4. if the trusted fit says the configuration does not fit, refuse at once with the largest token
+   budget and query rows that do (from the fit, so no search by repeated full runs);
+5. else verify once at the configured size (a pass that runs out of memory there is refused too).
 
 The synthetic batches are packed documents of ``DOC_TOKENS`` tokens: flex attention materialises no
 score matrix, so memory does not depend on how tokens split into documents, while one document
@@ -41,12 +47,15 @@ import torch
 
 from draftline.data.batch import PackedBatch
 from draftline.errors import DraftlineError
+from draftline.pipeline.memory import MemoryLimit, find_out_of_memory, memory_limit
 
 _GIB = 2**30
 DOC_TOKENS = 2048
 """Tokens per synthetic document (see the module docstring)."""
 SMALL_TOKENS = 8192
 """The first measured size; the second is twice it. A budget up to 2x this is measured directly."""
+CHECK_TOLERANCE = (0.25 * 2**30, 0.02)
+"""How far the check point's measured peak may be from the fit's prediction: bytes + a share of the peak."""
 
 
 def _say(message: str) -> None:
@@ -64,44 +73,6 @@ def _synthetic_batch(num_tokens: int, vocab_size: int) -> PackedBatch:
     return PackedBatch(ids, torch.ones(num_tokens, dtype=torch.bool), torch.tensor(lengths), torch.tensor([0]))
 
 
-# ---------------------------------------------------------------------------------------- the limit
-@dataclass
-class MemoryLimit:
-    """What this process may allocate on its device."""
-
-    total: float  # the device's memory
-    fraction: float  # the caching allocator's per-process fraction (1.0 unless set)
-    free: float  # free on the device now (other processes and this one's cache excluded)
-    reserved: float  # held by this process's allocator now
-    headroom: float  # kept free by preflight (memory_headroom_gib)
-
-    @property
-    def usable(self) -> float:
-        return min(self.total * self.fraction, self.free + self.reserved)
-
-    @property
-    def limit(self) -> float:
-        return self.usable - self.headroom
-
-    def describe(self) -> str:
-        if self.free + self.reserved < self.total * self.fraction:
-            why = f"{_gib(self.free)} free on the device + {_gib(self.reserved)} this process holds; other processes use the rest"
-        elif self.fraction < 1.0:
-            why = f"{self.fraction:.0%} of the device's {_gib(self.total)} (torch.cuda.set_per_process_memory_fraction)"
-        else:
-            why = f"the whole device, {_gib(self.total)}"
-        return f"limit {_gib(self.limit)} = {_gib(self.usable)} this process may use ({why}) - {_gib(self.headroom)} headroom"
-
-
-def memory_limit(device: torch.device, headroom_gib: float) -> MemoryLimit:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    free, total = torch.cuda.mem_get_info(index)
-    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.5
-    fraction = get_fraction(index) if get_fraction is not None else 1.0
-    return MemoryLimit(float(total), float(fraction), float(free), float(torch.cuda.memory_reserved(index)),
-                       headroom_gib * _GIB)
-
-
 # ---------------------------------------------------------------------------------------- measuring
 def _measure(device: torch.device, fn) -> float | None:
     """Peak bytes allocated while ``fn`` runs (None if it ran out of memory)."""
@@ -111,7 +82,9 @@ def _measure(device: torch.device, fn) -> float | None:
     try:
         fn()
         torch.cuda.synchronize(device)
-    except torch.OutOfMemoryError:
+    except Exception as exc:
+        if find_out_of_memory(exc) is None:  # an out-of-memory error, also one a compiler error wraps
+            raise
         torch.cuda.empty_cache()
         return None
     return float(torch.cuda.max_memory_allocated(device))
@@ -163,6 +136,94 @@ def _sizes(full: int, small: int, floor: int) -> list[int]:
     return [max(small, floor), max(2 * small, 2 * floor)]
 
 
+def _check_point(tokens: list[int], rows: list[int], row_multiple: int) -> tuple[int, int] | None:
+    """A size the fit is checked at, not used to fit it: both axes at their larger size, or on the one
+    axis that varies, between its two sizes; None when the configuration is measured directly."""
+    if len(tokens) > 1 and len(rows) > 1:
+        return tokens[-1], rows[-1]
+    if len(tokens) > 1:
+        return (tokens[0] + tokens[1]) // 2, rows[0]
+    if len(rows) > 1:
+        return tokens[0], (rows[0] + rows[1]) // 2 // row_multiple * row_multiple
+    return None
+
+
+@dataclass
+class FitCheck:
+    """The fit's prediction at the check point against what was measured there."""
+
+    tokens: int
+    rows: int
+    measured: float
+    predicted: float
+
+    @property
+    def trusted(self) -> bool:
+        absolute, share = CHECK_TOLERANCE
+        return abs(self.measured - self.predicted) <= absolute + share * self.measured
+
+    def describe(self) -> str:
+        off = self.measured - self.predicted
+        size = f"{self.tokens:,} tokens" + (f" x {self.rows:,} rows" if self.rows else "")
+        return (f"check at {size}: measured {_gib(self.measured)}, the fit says {_gib(self.predicted)} "
+                f"({'+' if off >= 0 else '-'}{abs(off) / 2**20:,.0f} MiB): "
+                + ("the fit holds" if self.trusted else
+                   "the fit does not hold (a one-time allocation in a measured point, or a peak not linear in the "
+                   "size), so no refusal from it: the configured size is measured"))
+
+
+def _describe_fit(fit: LinearPeak) -> str:
+    text = f"fit: {_gib(fit.base)} + {fit.per_token * 1024 / 2**20:,.1f} MiB per 1K tokens"
+    return text + (f" + {fit.per_row * 1024 / 2**20:,.1f} MiB per 1K query rows" if fit.per_row else "")
+
+
+def _note(line, role: str, **figures) -> None:
+    """What preflight measured, on the line (``line.preflight_measured[role]``: for benchmarks and tests)."""
+    measured = getattr(line, "preflight_measured", None)
+    if measured is None:
+        measured = {}
+        line.preflight_measured = measured
+    measured.setdefault(role, {}).update(figures)
+
+
+def _fit_and_check(line, role: str, run, points_at: list[tuple[int, int]], check_at: tuple[int, int] | None,
+                   refuse_oom):
+    """Warm up at the smallest size, measure ``points_at``, fit, check at ``check_at``.
+
+    ``run(tokens, rows, quiet)`` returns the peak (None: out of memory, then ``refuse_oom()`` raises).
+    Returns the fit (over every measured point), the check (None without one) and the points."""
+    t0 = time.perf_counter()
+    before = float(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0.0
+    warm = run(*points_at[0], quiet=True)
+    if warm is None:
+        refuse_oom()
+    kept = (float(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0.0) - before
+    _note(line, role, warmup_peak=warm, warmup_kept=kept, points=[], check=None, fit=None, verified=None)
+    _say(f"{role}: warm-up pass at {points_at[0][0]:,} tokens, not measured for the fit: peak {_gib(warm)}, "
+         f"{kept / 2**20:,.0f} MiB kept allocated after it (one-time: kernels, workspaces, optimizer state) "
+         f"({time.perf_counter() - t0:.1f} s)")
+    points = []
+    for tokens, rows in points_at:
+        peak = run(tokens, rows)
+        if peak is None:
+            refuse_oom()
+        points.append((tokens, rows, peak))
+        _note(line, role, points=list(points))
+    fit = LinearPeak.fit(points)
+    _note(line, role, fit=asdict(fit))
+    check = None
+    if check_at is not None:
+        measured = run(*check_at)
+        if measured is None:
+            refuse_oom()
+        check = FitCheck(*check_at, measured, fit(*check_at))
+        _note(line, role, check={**asdict(check), "trusted": check.trusted})
+        points.append((*check_at, measured))
+        _say(f"{role}: {_describe_fit(fit)}; {check.describe()}")
+        fit = LinearPeak.fit(points)  # least squares over every measured point
+    return fit, check, points
+
+
 # ---------------------------------------------------------------------------------------- target
 def preflight_target(line, target) -> float:
     """Worst-case target batch; returns its transient peak (bytes above the resident model)."""
@@ -176,7 +237,7 @@ def preflight_target(line, target) -> float:
     limit = memory_limit(device, config.engine.memory_headroom_gib)
     who = line.health.info.describe()
 
-    def run(tokens: int) -> float | None:
+    def run(tokens: int, _rows: int = 0, quiet: bool = False) -> float | None:
         def body():
             queued = torch.empty(outbox * tokens, width, device=device, dtype=line.dtype)
             target(_synthetic_batch(tokens, vocab))
@@ -184,28 +245,30 @@ def preflight_target(line, target) -> float:
 
         t0 = time.perf_counter()
         peak = _measure(device, body)
-        _say(f"target at {tokens:,} tokens: {'out of memory' if peak is None else _gib(peak)} ({time.perf_counter() - t0:.1f} s)")
+        if not quiet:
+            _say(f"target at {tokens:,} tokens: {'out of memory' if peak is None else _gib(peak)} "
+                 f"({time.perf_counter() - t0:.1f} s)")
         return peak
 
     sizes = _sizes(budget, SMALL_TOKENS, 256)
+    check_at = _check_point(sizes, [0], 1)
     _say(f"target ({who}): peak memory at {' and '.join(f'{s:,}' for s in sizes)} tokens"
-         + (f", extrapolated to --token-budget {budget:,}" if len(sizes) > 1 else "") + f"; {limit.describe()}")
-    points = []
-    for size in sizes:
-        peak = run(size)
-        if peak is None:
-            _refuse_target(line, budget, None, None, limit, who)
-        points.append((size, 0, peak))
-    fit = LinearPeak.fit(points)
-    peak = points[-1][2] if len(sizes) == 1 else None
+         + (f" (checked at {check_at[0]:,}), extrapolated to --token-budget {budget:,}" if check_at else "")
+         + f"; {limit.describe()}")
+    fit, check, points = _fit_and_check(line, "target", run, [(size, 0) for size in sizes], check_at,
+                                        lambda: _refuse_target(line, budget, None, None, limit, who))
+    peak = points[0][2] if len(sizes) == 1 else None
     if peak is None:
         predicted = fit(budget)
-        if predicted > limit.limit:
+        _note(line, "target", predicted=predicted)
+        if predicted > limit.limit and check.trusted:
             _refuse_target(line, budget, predicted, fit, limit, who, predicted=True)
         _say(f"target: {_gib(predicted)} predicted at {budget:,} tokens; verifying at that size")
         peak = run(budget)
+        _note(line, "target", verified=peak)
         if peak is not None:
-            fit = LinearPeak.fit(points + [(budget, 0, peak)])
+            points.append((budget, 0, peak))
+            fit = LinearPeak.fit(points)
     if peak is None or peak > limit.limit:
         _refuse_target(line, budget, peak, fit, limit, who)
     # Colocated, the drafter adds this transient and counts the hidden-state queue itself: without the outbox.
@@ -213,7 +276,8 @@ def preflight_target(line, target) -> float:
     line.target_preflight_fit = LinearPeak(fit.base - resident, max(fit.per_token - outbox_per_token, 0.0))
     seconds = time.perf_counter() - started
     _say(f"target: {_gib(peak)} peak at --token-budget {budget:,}, within the {_gib(limit.limit)} limit ({seconds:.1f} s)")
-    _record(line, "target", {"token_budget": budget, "peak_bytes": peak, "seconds": seconds, **asdict(limit)})
+    _record(line, "target", {"token_budget": budget, "peak_bytes": peak, "seconds": seconds, "points": points,
+                             "check": asdict(check) if check else None, **asdict(limit)})
     return peak - resident
 
 
@@ -294,39 +358,35 @@ def preflight_drafter(line, objective, optimizer, target=None) -> None:
     chunk = max(config.engine.head_chunk_rows, block)
     row_sizes = _sizes(rows, chunk, block)  # from one head chunk up: the logits chunk is then its full size
     points_at = sorted({(token_sizes[0], row_sizes[0]), (token_sizes[-1], row_sizes[0]), (token_sizes[0], row_sizes[-1])})
+    check_at = _check_point(token_sizes, row_sizes, block)
     _say(f"drafter ({who}): peak memory of a pass with backward and optimizer step at "
          + ", ".join(f"{t:,} tokens x {r:,} rows" for t, r in points_at)
-         + (f"; extrapolated to --token-budget {budget:,} x --max-query-rows {rows:,}" if points_at != [(budget, rows)] else "")
+         + (f" (checked at {check_at[0]:,} x {check_at[1]:,}); extrapolated to --token-budget {budget:,} x "
+            f"--max-query-rows {rows:,}" if check_at else "")
          + f"; {limit.describe()}")
     try:
-        # A first pass compiles the kernels and allocates the AdamW state, which later passes find resident:
-        # measured, it would not be like the others (the fit's slopes would carry the optimizer state).
-        t0 = time.perf_counter()
-        run(*points_at[0], quiet=True)
-        _say(f"drafter: warm-up pass (kernels compiled, optimizer state allocated) {time.perf_counter() - t0:.1f} s")
-        points = []
-        for tokens, query_rows in points_at:
-            peak = run(tokens, query_rows)
-            if peak is None:
-                _refuse_drafter(line, budget, rows, None, None, limit, who, colocated)
-            points.append((tokens, query_rows, peak))
-        fit = LinearPeak.fit(points)
+        fit, check, points = _fit_and_check(
+            line, "drafter", run, points_at, check_at,
+            lambda: _refuse_drafter(line, budget, rows, None, None, limit, who, colocated))
         peak = points[0][2] if points_at == [(budget, rows)] else None
         if peak is None:
             predicted = fit(budget, rows)
-            if predicted > limit.limit:
+            _note(line, "drafter", predicted=predicted)
+            if predicted > limit.limit and check.trusted:
                 _refuse_drafter(line, budget, rows, predicted, fit, limit, who, colocated, predicted=True)
             _say(f"drafter: {_gib(predicted)} predicted at {budget:,} tokens x {rows:,} rows; verifying at that size")
             peak = run(budget, rows)
+            _note(line, "drafter", verified=peak)
             if peak is not None:
-                fit = LinearPeak.fit(points + [(budget, rows, peak)])
+                points.append((budget, rows, peak))
+                fit = LinearPeak.fit(points)
         if peak is None or peak > limit.limit:
             _refuse_drafter(line, budget, rows, peak, fit, limit, who, colocated)
         seconds = time.perf_counter() - started
         _say(f"drafter: {_gib(peak)} peak at --token-budget {budget:,}, --max-query-rows {rows:,}"
              f"{' with the colocated target' if colocated else ''}, within the {_gib(limit.limit)} limit ({seconds:.1f} s)")
         _record(line, "drafter", {"token_budget": budget, "max_query_rows": rows, "peak_bytes": peak, "seconds": seconds,
-                                  **asdict(limit)})
+                                  "points": points, "check": asdict(check) if check else None, **asdict(limit)})
     finally:
         with torch.no_grad():
             drafter.load_state_dict({k: v.to(device) for k, v in saved.items()})

@@ -19,6 +19,7 @@ import torch
 from draftline.data.batch import PackedBatch
 from draftline.monitor.flops import TargetShape, target_flops
 from draftline.pipeline.health import Health, RunAborted
+from draftline.pipeline.memory import OutOfMemoryContext, out_of_memory_context
 from draftline.pipeline.waits import queue_get
 from draftline.pipeline.transport import FeatureSender
 
@@ -75,7 +76,7 @@ class Prefetcher:
 
 class TargetWorker:
     def __init__(self, *, features, prefetcher: Prefetcher, sender: FeatureSender, health: Health,
-                 shape: TargetShape, layers_run: int, on_batch=None):
+                 shape: TargetShape, layers_run: int, on_batch=None, device: torch.device | None = None):
         self.features = features
         self.prefetcher = prefetcher
         self.sender = sender
@@ -83,9 +84,22 @@ class TargetWorker:
         self.shape = shape
         self.layers_run = layers_run
         self.on_batch = on_batch
+        self.device = device
         self.counters = TargetCounters()
         # Held during each feature pass: the colocated evaluation decodes with the same model.
         self.model_lock = threading.Lock()
+
+    def _pass_context(self, batch: PackedBatch) -> OutOfMemoryContext:
+        """What this target knows of the pass that ran out of memory (sizes, and what to lower)."""
+        return OutOfMemoryContext(
+            where=f"the target's pass of batch {batch.index}",
+            sizes=f"the batch: {batch.num_tokens:,} tokens in {batch.num_docs} documents, longest "
+                  f"{int(batch.doc_lengths.max()) if batch.num_docs else 0:,}; {self.sender.depth()} feature batches "
+                  "waiting in its outbox",
+            advice="lower --token-budget (this batch: "
+                   f"{batch.num_tokens:,} tokens) or --q-hs (feature batches held until a drafter takes them); "
+                   "preflight (on unless --no-preflight) measures the worst case before training",
+            device=self.device)
 
     @contextmanager
     def paused(self):
@@ -100,10 +114,11 @@ class TargetWorker:
             if batch is None:
                 break
             start = time.perf_counter()
-            with self.model_lock, self.health.compute_pass():
-                feats = self.features(batch)
-            self.counters.busy_s += time.perf_counter() - start
-            self.counters.wait_drafters_s += self.sender.put(batch.index, feats, batch)
+            with out_of_memory_context(self.device, lambda: self._pass_context(batch)):
+                with self.model_lock, self.health.compute_pass():
+                    feats = self.features(batch)
+                self.counters.busy_s += time.perf_counter() - start
+                self.counters.wait_drafters_s += self.sender.put(batch.index, feats, batch)
             self.counters.batches += 1
             self.counters.tokens += batch.num_tokens
             self.counters.samples += batch.num_docs
@@ -123,7 +138,8 @@ def run_target_thread(worker: TargetWorker, health: Health) -> threading.Thread:
         except RunAborted:
             pass
         except BaseException as exc:  # noqa: BLE001
-            health.abort(f"target (colocated) failed: {describe_exception(exc)}")
+            # This rank failed: its drafter thread stops with the message, its peers name this rank.
+            health.report_failure(f"{describe_exception(exc)} (in its target thread)")
             worker.error = exc
 
     worker.error = None

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from draftline.data.batch import PackedBatch
 from draftline.pipeline.health import Health, RunAborted
+from draftline.pipeline.memory import OutOfMemoryContext, out_of_memory_context
 from draftline.pipeline.roles import COLOCATED, Role, producer_of
 from draftline.pipeline.waits import queue_get, queue_put, wait_for, wait_work
 
@@ -204,9 +205,19 @@ class DistributedReceiver:
                 self.exhausted = True
                 return
             batch = self.batch_for(seq)
-            buffer = torch.empty(batch.num_tokens, self.feature_width, device=self.device, dtype=self.dtype)
+            with out_of_memory_context(self.device, lambda: self._buffer_context(seq, batch)):
+                buffer = torch.empty(batch.num_tokens, self.feature_width, device=self.device, dtype=self.dtype)
             work = dist.irecv(buffer, src=self.target_rank(seq))
             self.pending.append((seq, batch, buffer, work))
+
+    def _buffer_context(self, seq: int, batch: PackedBatch) -> OutOfMemoryContext:
+        return OutOfMemoryContext(
+            where=f"the drafter's receive buffer for batch {seq}",
+            sizes=f"the batch: {batch.num_tokens:,} tokens in {batch.num_docs} documents; its features "
+                  f"{batch.num_tokens:,} x {self.feature_width:,} {str(self.dtype)[6:]}; {len(self.pending)} "
+                  "batches already received or in flight",
+            advice="lower --token-budget (the features of a batch are token_budget x their width)",
+            device=self.device)
 
     def get(self) -> tuple[Delivery | None, float]:
         self._top_up()
