@@ -228,7 +228,7 @@ SPEC = {"flops": float("nan")}  # set in main() from the device name
 
 def row(workload, role, tok_s, samples_s, flops_s, peak, mem, extra="", reserved=float("nan")):
     return {"workload": workload, "role": role, "tokens_s": tok_s, "samples_s": samples_s,
-            "tflops": flops_s / 1e12, "mfu": flops_s / peak.flops, "mfu_spec": flops_s / SPEC["flops"],
+            "tflops": flops_s / 1e12, "mfu": flops_s / (peak.ceiling or peak.flops), "mfu_spec": flops_s / SPEC["flops"],
             "peak_gib": mem, "reserved_gib": reserved, "note": extra}
 
 
@@ -280,7 +280,7 @@ def bench_line(args, device, rows, peak):
     tflops = statistics.median(r["tflops"] for r in last)
     rows.append({"workload": f"{args.shape} line colocated, {args.budget} tok", "role": "target+drafter",
                  "tokens_s": ktok * 1e3, "samples_s": statistics.median(r["samples_s"] for r in last),
-                 "tflops": tflops, "mfu": tflops * 1e12 / peak.flops, "mfu_spec": tflops * 1e12 / SPEC["flops"],
+                 "tflops": tflops, "mfu": tflops * 1e12 / (peak.ceiling or peak.flops), "mfu_spec": tflops * 1e12 / SPEC["flops"],
                  "reserved_gib": float("nan"),
                  "peak_gib": max((g.get("mem_used_gib") or 0) for r in last for g in r["gpus"]) or float("nan"),
                  "note": f"q_hs {last[-1]['q_hs']}, drafter wait {last[-1]['drafter_wait']:.0%}"})

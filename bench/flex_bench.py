@@ -23,6 +23,7 @@ from bench_line import packed_batch  # noqa: E402
 
 from draftline.model.attention import FlexAttention  # noqa: E402
 from draftline.monitor.flops import _drafter_pairs, attention_flops  # noqa: E402
+from draftline.monitor.shapes import FULL, LayerShape  # noqa: E402
 from draftline.objective.anchors import sample_anchors  # noqa: E402
 from draftline.objective.blocks import build_blocks  # noqa: E402
 
@@ -50,7 +51,7 @@ def main() -> int:
     lengths = [int(n) for n in args.lengths.split(",")]
     batch = packed_batch(lengths, 151936, 0, 0)
     blocks = build_blocks(batch, sample_anchors(batch, 512, 0), block_size=16, mask_token_id=151669, gamma=7.0)
-    pairs = _drafter_pairs(blocks.layout.anchor_pos.double(), 16, None, False)
+    pairs = _drafter_pairs(blocks.layout.anchor_pos.double(), 16, LayerShape(FULL, 0, 0, 32, 8, 128))
     flops = attention_flops(pairs, 32, 128, backward=True)
     layout = blocks.layout.to(device)
     q_rows, kv_rows = layout.num_queries, layout.num_context + layout.num_queries

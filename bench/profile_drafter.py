@@ -184,7 +184,7 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
         ms_per_sample_median=1000 * statistics.median(per_sample),
         ms_per_sample_all=[round(1000 * t, 1) for t in per_sample],
         tflops=flops / sum(times) / 1e12,
-        mfu_788=flops / sum(times) / peak.flops,
+        mfu_788=flops / sum(times) / (peak.ceiling or peak.flops),
         mfu_989=flops / sum(times) / 989e12,
         peak_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
         peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB,

@@ -200,3 +200,18 @@ def test_full_tiles_equal_the_tile_by_tile_rule(block):
     partial, full = block_tiles(layout, sliding=False)
     assert full.any()
     assert torch.equal(full, _full_tiles_by_loop(layout, partial | full))
+
+
+def test_tiles_of_a_moved_layout_come_from_its_host_copy():
+    """A layout moved to a device keeps its host copy: the flex mask's tiles are built from it, without
+    copying device tensors back (on a GPU that copy waits for every kernel in flight)."""
+    from draftline.model.attention import block_tiles
+
+    layout = layout_for([300, 41, 700], [[5, 77, 200], [3], [10, 400, 650]], 16)
+    pinned_like = layout.to("cpu")
+    assert pinned_like.host is layout
+    moved = pinned_like.to("meta")  # a device whose tensors cannot be read back: any .cpu() would raise
+    assert moved.host is layout and moved.on_host() is layout
+    for sliding in (False, True):
+        for got, want in zip(block_tiles(moved, sliding=sliding), block_tiles(layout, sliding=sliding)):
+            assert torch.equal(got, want)

@@ -15,7 +15,7 @@ The dense path is exact and simple (CPU, tests, reference); the flex path builds
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.nn import functional as F
@@ -30,6 +30,9 @@ class BlockLayout:
     anchor_doc: torch.Tensor  # [N] int
     anchor_pos: torch.Tensor  # [N] int: position of each anchor in its document
     block_size: int
+    host: "BlockLayout | None" = field(default=None, repr=False, compare=False)
+    """The host copy this layout was moved from: the tile structure is read from it, so building a
+    flex mask does not wait for the device (a ``.cpu()`` of device tensors would)."""
 
     @property
     def num_context(self) -> int:
@@ -45,13 +48,24 @@ class BlockLayout:
         return (self.anchor_pos[:, None] + offsets[None, :]).reshape(-1)
 
     def to(self, device: torch.device | str) -> "BlockLayout":
+        host = self.host or (self if self.context_doc.device.type == "cpu" else None)
         return BlockLayout(
             self.context_doc.to(device, non_blocking=True),
             self.context_pos.to(device, non_blocking=True),
             self.anchor_doc.to(device, non_blocking=True),
             self.anchor_pos.to(device, non_blocking=True),
             self.block_size,
+            host,
         )
+
+    def on_host(self) -> "BlockLayout":
+        """This layout on the CPU: its host copy when it has one, else a copy (which syncs with the device)."""
+        if self.host is not None:
+            return self.host
+        if self.context_doc.device.type == "cpu":
+            return self
+        return BlockLayout(*(t.cpu() for t in (self.context_doc, self.context_pos, self.anchor_doc, self.anchor_pos)),
+                           self.block_size)
 
 
 def dense_mask(layout: BlockLayout, *, sliding: bool, window: int | None) -> torch.Tensor:
@@ -111,8 +125,7 @@ def block_tiles(layout: BlockLayout, *, sliding: bool) -> tuple[torch.Tensor, to
     its own block rows. A tile is "full" when every query in it sees every key in it (no mask
     evaluation needed); sliding layers have no full tiles.
     """
-    layout = BlockLayout(*(t.cpu() for t in (layout.context_doc, layout.context_pos, layout.anchor_doc,
-                                             layout.anchor_pos)), layout.block_size)
+    layout = layout.on_host()
     block = layout.block_size
     num_ctx = layout.num_context
     num_q = layout.num_queries
