@@ -296,8 +296,9 @@ def line_inputs(shape: str, budget: int, samples: int, workdir: str | None, devi
 def preflight_suggestion(message: str) -> list[str]:
     """The flags preflight's refusal suggests: fewer query rows per pass (same budget, same work) first,
     else a smaller token budget, else fewer queued batches, else activation checkpointing."""
+    # Suggested values are written without thousands separators; the configured ones ("32,768") with.
     for pattern, flag in ((r"--max-query-rows (\d+) \(at --token-budget", "--max-query-rows"),
-                          (r"--token-budget (\d+)", "--token-budget"), (r"--q-hs (\d+)", "--q-hs")):
+                          (r"--token-budget (\d+)(?!,?\d)", "--token-budget"), (r"--q-hs (\d+)", "--q-hs")):
         found = re.search(pattern, message)
         if found:
             return [flag, found.group(1)]
@@ -327,7 +328,7 @@ def _when_started(metrics: Path, action, stop: threading.Event) -> threading.Thr
                 lines = metrics.read_text().splitlines()
             except OSError:
                 continue
-            if any(line.strip() and json.loads(line).get("kind") == "start" for line in lines):
+            if any(line.startswith("{") and '"kind": "start"' in line for line in lines):  # the logger's json.dumps
                 action()
                 return
 
