@@ -10,6 +10,7 @@ autotuning each of its configs on first use (fla's documented ``FLA_CACHE_MODE=d
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -63,12 +64,28 @@ BF16_FACTOR = 2.0  # bf16: at most this many times the bf16 reference's own roun
 
 
 def _lightest(configs):
-    """The config least likely to exceed shared memory: fewest stages, smallest tiles, ~4 warps."""
+    """The config least likely to exceed shared memory (stages x tile sizes smallest), then ~4 warps."""
     def size(config):
         tiles = [v for v in config.kwargs.values() if isinstance(v, int)]
-        return config.num_stages or 0, math.prod(tiles) if tiles else 0, abs((config.num_warps or 4) - 4)
+        return (config.num_stages or 1) * math.prod(tiles), abs((config.num_warps or 4) - 4)
 
     return min(configs, key=size)
+
+
+def _fla_autotuners(kind) -> list:
+    """fla's kernels behind its config cache, found in the loaded fla modules (Heuristics -> Autotuner -> JIT)."""
+    found = {}
+    for module in [m for name, m in list(sys.modules.items()) if name.startswith("fla.") and m is not None]:
+        for value in list(vars(module).values()):
+            try:
+                for _ in range(3):
+                    if isinstance(value, kind) and value.configs:
+                        found[id(value)] = value
+                        break
+                    value = getattr(value, "fn", None)
+            except Exception:  # noqa: BLE001 - an attribute that is not a kernel
+                continue
+    return list(found.values())
 
 
 @pytest.fixture(scope="module")
@@ -87,24 +104,18 @@ def fla_one_config(tmp_path_factory):
             os.environ["FLA_CACHE_MODE"] = "default"
         import fla.modules.causal_conv1d  # noqa: F401 - what linear_attention.fla_kernels uses
         import fla.ops.gated_delta_rule  # noqa: F401
-        from fla.ops.utils import cache
+
+        cache = importlib.import_module("fla.ops.utils.cache")
 
         previous_mode = cache.FLA_CACHE_MODE
         cache.FLA_CACHE_MODE = cache.FlaCacheMode.DEFAULT
         written = 0
-        for module in [m for name, m in list(sys.modules.items()) if name.startswith("fla.") and m is not None]:
-            for value in list(vars(module).values()):
-                for _ in range(4):  # triton Heuristics -> Autotuner -> JITFunction -> function
-                    if not hasattr(value, "fn"):
-                        break
-                    if isinstance(value, cache.CachedAutotuner) and value.configs:
-                        c = _lightest(value.configs)
-                        entry = {"kwargs": dict(c.kwargs), "num_warps": c.num_warps, "num_stages": c.num_stages,
-                                 "num_ctas": getattr(c, "num_ctas", 1), "maxnreg": getattr(c, "maxnreg", None)}
-                        (folder / f"{value.kernel_name}.json").write_text(json.dumps({"default_config": entry}))
-                        written += 1
-                        break
-                    value = value.fn
+        for tuner in _fla_autotuners(cache.CachedAutotuner):
+            c = _lightest(tuner.configs)
+            entry = {"kwargs": dict(c.kwargs), "num_warps": c.num_warps, "num_stages": c.num_stages,
+                     "num_ctas": getattr(c, "num_ctas", 1), "maxnreg": getattr(c, "maxnreg", None)}
+            (folder / f"{tuner.kernel_name}.json").write_text(json.dumps({"default_config": entry}))
+            written += 1
         os.environ["FLA_CONFIG_DIR"] = str(folder)
         print(f"\nfla: one fixed launch config for {written} kernels ({folder})")
     except Exception as exc:  # noqa: BLE001 - a speed-up only: without it fla autotunes (minutes)
