@@ -268,8 +268,8 @@ def line_inputs(shape: str, budget: int, samples: int, workdir: str | None, devi
         print(f"line: random {shape} target built on {device} in {info['build_s']:.0f} s: {size / 1e9:.1f} GB of "
               f"weights to write, {free / 1e9:.1f} GB free in {work}", flush=True)
         if size + reserve_bytes > free:
-            raise SystemExit(f"line: {work} has {free / 1e9:.1f} GB free, the target needs {size / 1e9:.1f} GB and the run "
-                             f"{reserve_bytes / 1e9:.1f} GB more: pass --workdir on a larger disk"
+            raise SystemExit(f"line: {work} has {free / 1e9:.1f} GB free, the target needs {size / 1e9:.1f} GB and "
+                             f"the run {reserve_bytes / 1e9:.1f} GB more: pass --workdir on a larger disk"
                              + ("" if reserve_bytes == 0 else " (or --line-free-target-disk)"))
         start = time.perf_counter()
         model.save_pretrained(target_dir, max_shard_size="5GB")  # one shard at a time in host memory

@@ -64,7 +64,8 @@ def test_without_a_rows_option_the_budget_then_activation_checkpointing():
 
     target = LinearPeak(base=120 * GIB, per_token=1e6)
     message = _message(_refuse_target, _line(), 32768, target(32768), target, limit, "rank 0", predicted=True)
-    assert bench_line.preflight_suggestion(message) == ["--token-budget", str(target.largest_tokens(limit.limit, 0, 256))]
+    budget = target.largest_tokens(limit.limit, 0, 256)
+    assert bench_line.preflight_suggestion(message) == ["--token-budget", str(budget)]
 
 
 @pytest.mark.slow

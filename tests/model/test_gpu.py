@@ -143,8 +143,8 @@ def _gpu_hybrid_target(path, moe: bool):
                  linear_value_head_dim=64, linear_conv_kernel_dim=4, max_position_embeddings=8192,
                  initializer_range=0.05, tie_word_embeddings=False)
     if moe:
-        model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(
-            **sizes, moe_intermediate_size=128, shared_expert_intermediate_size=128, num_experts=4, num_experts_per_tok=2))
+        model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**sizes, moe_intermediate_size=128, num_experts=4,
+                                                           shared_expert_intermediate_size=128, num_experts_per_tok=2))
     else:
         model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**sizes, intermediate_size=512))
     model.to(torch.bfloat16).float().save_pretrained(path)
