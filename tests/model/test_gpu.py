@@ -232,7 +232,7 @@ def test_packed_hybrid_fp32_features_equal_each_document_alone(hybrid_runs, moe)
     assert (diff <= FP32_TOL).all(), report
 
 
-def test_state_crossing_documents_is_caught(hybrid_runs):
+def test_hybrid_state_crossing_documents_is_caught(hybrid_runs):
     """The same packed pass with the Gated DeltaNet state and conv running over the whole row (fla told
     one sequence): the bf16 check above fails, by far, on the documents that follow another."""
     from draftline.model import linear_attention
