@@ -2,6 +2,8 @@
 
     python bench/bench_line.py --shape 8b                 # on a GPU: the Qwen3-8B-shaped workloads
     python bench/bench_line.py --shape tiny --device cpu  # a quick check that the script runs
+    python bench/bench_line.py --shape 27b-hybrid --skip target drafter-3072 drafter-packed --line \
+        --budget 32768 --line-steps 6 --line-free-target-disk   # the 27B-shaped hybrid line, one H200
 
 Workloads (random bf16 weights built from a config; weights do not matter for speed):
 - target:  the frozen target's feature pass over packed batches of log-normal lengths (mean ~2.8K,
