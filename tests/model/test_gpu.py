@@ -5,7 +5,7 @@ compiles once per dtype), and every fla kernel given one fixed launch config ins
 autotuning each of its configs on first use (fla's documented ``FLA_CACHE_MODE=default`` with
 ``FLA_CONFIG_DIR``; the configs are each kernel's own, so only speed depends on the choice).
 
-    pytest -s -m gpu tests/model/test_gpu.py -k hybrid     # prints the norm-relative differences
+    pytest -rA -m gpu tests/model/test_gpu.py -k hybrid    # -rA: each test's norm-relative differences
 """
 
 from __future__ import annotations
