@@ -20,6 +20,8 @@ Variants (a name maps to changes of the demo's settings):
   chained   anchors where inference starts blocks: a no-grad pass over every position gives the
             drafter's teacher-forced acceptance there, blocks are chained from each response start
   distill   soft labels, --distill 0.5
+  fc1 / fc3 / fcavg: ours with ``fc`` started as the identity on feature layer 1 or 3 (zeros
+            elsewhere) or on all three (their sum); ours (--init-from-target) starts it on the deepest
 """
 
 from __future__ import annotations
@@ -46,7 +48,19 @@ VARIANTS = {
     "chained16": {"anchors": "chained"},
     "distill": {"distill": 0.5},
     "peer-dense": {"init_from_target": False, "gamma": 4.0, "betas": (0.9, 0.999), "max_anchors": 4096},
+    "fc1": {"fc_init": (0,)},
+    "fc3": {"fc_init": (1,)},
+    "fcavg": {"fc_init": (0, 1, 2)},
 }
+
+
+def select_fc_(fc: torch.nn.Linear, blocks: tuple[int, ...]) -> None:
+    """fc as the sum of the identity on the chosen feature blocks (K*H -> H), zeros elsewhere."""
+    hidden = fc.weight.shape[0]
+    with torch.no_grad():
+        fc.weight.zero_()
+        for i in blocks:
+            fc.weight[:, i * hidden : (i + 1) * hidden] += torch.eye(hidden, device=fc.weight.device)
 
 
 def _config(data: Path, seed: int, epochs: int | None, conversations_out: Path):
@@ -72,6 +86,8 @@ class Variant:
         self.name = name
         config.model.init_from_target = change.get("init_from_target", True)
         self.drafter = build_drafter(config, device)
+        if "fc_init" in change:
+            select_fc_(self.drafter.fc, change["fc_init"])
         settings = ObjectiveSettings(
             max_anchors=change.get("max_anchors", config.data.max_anchors),
             gamma=change.get("gamma", config.optim.loss_gamma), attention="dense",
@@ -183,7 +199,7 @@ def main() -> None:
         v.drafter.to(args.eval_device).eval()
         with torch.no_grad():
             summary = measure_acceptance(full, v.drafter, prompts, max_new_tokens=args.eval_max_new_tokens)
-            # what the training monitor reports at the end of the demo's run (its prompts and length)
+            # the sample the demo's monitor measures during its run (its final measurement is eval's: tau)
             monitor = measure_acceptance(full, v.drafter, prompts[: config.monitor.eval_num_prompts],
                                          max_new_tokens=config.monitor.eval_max_new_tokens)
         row = {"variant": v.name, "seed": args.seed, "tau": summary["tau"], "monitor_tau": monitor["tau"],

@@ -155,3 +155,26 @@ def test_every_field_has_a_checked_type_and_the_cli_reports_errors_without_trace
                  "--data", "d", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2 and "data.epochs must be int, got 2.5" in err and "Traceback" not in err
+
+
+def test_final_acceptance_settings_flags_defaults_and_checks():
+    import pytest
+
+    from draftline.config import validate
+    from draftline.errors import DraftlineError
+    from draftline.pipeline.evaluation import InTrainingEvaluation
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    base = ["--target", "t", "--data", "d", "--out", "o"]
+    config = config_from_args(parser.parse_args(base))
+    # The final measurement defaults to what `draftline eval` measures: every prompt, 256 tokens.
+    assert (config.monitor.eval_final_num_prompts, config.monitor.eval_final_max_new_tokens) == (None, 256)
+    config = config_from_args(parser.parse_args([*base, "--eval-num-prompts", "4", "--eval-max-new-tokens", "32",
+                                                 "--eval-final-num-prompts", "24", "--eval-final-max-new-tokens", "64"]))
+    evaluation = InTrainingEvaluation(config, plan=None, device=None, dtype=None, logger=None)
+    assert evaluation.settings(final=False) == (4, 32) and evaluation.settings(final=True) == (24, 64)
+    validate(config)
+    config.monitor.eval_final_num_prompts = 0
+    with pytest.raises(DraftlineError, match="eval_final_num_prompts"):
+        validate(config)

@@ -25,6 +25,8 @@ def test_quick_demo_end_to_end(tmp_path):
     # shortened run to beat 1.5 (measured on 2 cores: README "Demo results").
     print(f"quick demo: tau {summary['tau']:.3f} in {summary['minutes']:.1f} min")
     assert summary["tau"] > 1.5, summary
+    # The training monitor's final measurement decodes eval's prompts at eval's length (issue 14: within 10%).
+    assert abs(summary["monitor_tau"] - summary["tau"]) <= 0.10 * summary["tau"], summary
     run = out / "run"
     assert (run / "final" / "model.safetensors").is_file()
     assert (run / "report" / "summary.md").is_file()

@@ -36,8 +36,10 @@ def trained_run(qwen3_target, tmp_path_factory):
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in PROMPTS))
     out = root / "run"
+    # During the run a cheap sample (1 prompt, 8 tokens); at the end what `draftline eval` measures below.
     args = base_args(qwen3_target, root / "data", out, epochs=40, lr="5e-3", max_anchors=32, save_every=1000,
-                     eval_prompts=prompts, eval_num_prompts=len(PROMPTS), eval_max_new_tokens=NEW_TOKENS)
+                     eval_prompts=prompts, eval_num_prompts=1, eval_max_new_tokens=8,
+                     eval_final_num_prompts=len(PROMPTS), eval_final_max_new_tokens=NEW_TOKENS)
     torch.set_num_threads(1)
     assert main(["train", *args]) == 0
     return out, prompts
@@ -50,6 +52,9 @@ def test_monitor_tau_matches_draftline_eval(trained_run, qwen3_target, tmp_path)
     end = [r for r in records if r["kind"] == "end"][-1]
     # On by default: about 10 measurements during the run, and one at the end.
     assert len(evals) >= 5 and evals[-1]["step"] == end["step"]
+    # The final measurement uses the final settings, the ones before it the cheap sample.
+    assert evals[-1]["final"] and evals[-1]["num_prompts"] == len(PROMPTS) and evals[-1]["max_new_tokens"] == NEW_TOKENS
+    assert all(not e["final"] and e["num_prompts"] == 1 and e["max_new_tokens"] == 8 for e in evals[:-1])
     monitor_tau = evals[-1]["tau"]
 
     result = tmp_path / "eval.json"

@@ -96,7 +96,7 @@ def test_acceptance_is_measured_during_and_after_training(qwen3_target, line_dat
     prompts.write_text("".join(json.dumps({"input_ids": list(range(i, i + 12))}) + "\n" for i in range(3)))
     out = tmp_path / "run"
     args = base_args(qwen3_target, line_data, out, max_steps=4, eval_every=2, eval_prompts=prompts,
-                     eval_max_new_tokens=8)
+                     eval_max_new_tokens=8, eval_final_max_new_tokens=8)
     assert main(["train", *args]) == 0
     evals = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"]
     assert [e["step"] for e in evals] == [2, 4]

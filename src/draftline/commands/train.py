@@ -67,6 +67,8 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--eval-prompts": ("monitor", "eval_prompts"),
     "--eval-num-prompts": ("monitor", "eval_num_prompts"),
     "--eval-max-new-tokens": ("monitor", "eval_max_new_tokens"),
+    "--eval-final-num-prompts": ("monitor", "eval_final_num_prompts"),
+    "--eval-final-max-new-tokens": ("monitor", "eval_final_max_new_tokens"),
     "--peak-tflops": ("monitor", "peak_tflops"),
     "--attention": ("engine", "attention"),
     "--head-chunk-rows": ("engine", "head_chunk_rows"),

@@ -269,9 +269,10 @@ class Line:
         if eval_every and worker.step % eval_every == 0 and worker.step < worker.total_steps:
             evaluate_in_training(self._measure_acceptance, self.config.monitor)
 
-    def _measure_acceptance(self) -> dict | None:
-        """Real acceptance of the drafter as it is now (logging rank): the one place its result returns."""
-        summary = self.evaluate(self.worker.drafter, self.worker.step)
+    def _measure_acceptance(self, final: bool = False) -> dict | None:
+        """Real acceptance of the drafter as it is now (logging rank): the one place its result returns.
+        ``final``: at the end of the run, on the prompts and length ``draftline eval`` uses."""
+        summary = self.evaluate(self.worker.drafter, self.worker.step, final=final)
         if summary is not None and self.monitor is not None:
             self.monitor.measured = summary  # the monitor's tau is the latest measured acceptance
         return summary
@@ -308,7 +309,7 @@ class Line:
             if status == "finished":
                 final = save_drafter(self.worker.drafter, self.run_dir / "final", dtype=torch.bfloat16)
                 print(f"draftline: finished at step {self.worker.step}; drafter in {final}")
-                self._measure_acceptance()
+                self._measure_acceptance(final=True)
             else:
                 print(f"draftline: stopped at step {self.worker.step}; checkpoint {self.saved}; "
                       "continue with the same command and --resume")
