@@ -1,4 +1,4 @@
-"""bench/bench_line.py's line mode, on CPU: what the one-H200 run of the 27B-shaped hybrid target relies on.
+"""bench/bench_line.py's line mode (bench/line_bench.py), on CPU: what the one-H200 run of the 27B-shaped hybrid target relies on.
 
 Preflight's refusals (the real messages of pipeline/preflight.py) are read into the flags they suggest;
 the line runs again with them; the saved target's weights are deleted once the line has loaded them;
@@ -22,6 +22,7 @@ from draftline.pipeline.preflight import LinearPeak, MemoryLimit, _refuse_drafte
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench_line  # noqa: E402
+import line_bench  # noqa: E402
 
 GIB = 2**30
 
@@ -48,7 +49,7 @@ def test_a_drafter_refusal_suggests_fewer_query_rows_at_the_same_budget():
                        predicted=True)
     rows = min(fit.largest_rows(limit.limit, 32768, 16), 32768 - 16)
     assert 16 <= rows < 32768
-    assert bench_line.preflight_suggestion(message) == ["--max-query-rows", str(rows)]
+    assert line_bench.preflight_suggestion(message) == ["--max-query-rows", str(rows)]
 
 
 def test_without_a_rows_option_the_budget_then_activation_checkpointing():
@@ -56,16 +57,16 @@ def test_without_a_rows_option_the_budget_then_activation_checkpointing():
     tokens_only = LinearPeak(base=100 * GIB, per_token=2e6, per_row=0.0)
     message = _message(_refuse_drafter, _line(), 32768, 32768, tokens_only(32768), tokens_only, limit, "rank 0", True)
     budget = min(tokens_only.largest_tokens(limit.limit, 32768, 256), 32768 - 256)
-    assert bench_line.preflight_suggestion(message) == ["--token-budget", str(budget)]
+    assert line_bench.preflight_suggestion(message) == ["--token-budget", str(budget)]
 
     hopeless = LinearPeak(base=200 * GIB)
     message = _message(_refuse_drafter, _line(), 32768, 32768, hopeless(0), hopeless, limit, "rank 0", True)
-    assert bench_line.preflight_suggestion(message) == ["--activation-checkpointing"]
+    assert line_bench.preflight_suggestion(message) == ["--activation-checkpointing"]
 
     target = LinearPeak(base=120 * GIB, per_token=1e6)
     message = _message(_refuse_target, _line(), 32768, target(32768), target, limit, "rank 0", predicted=True)
     budget = target.largest_tokens(limit.limit, 0, 256)
-    assert bench_line.preflight_suggestion(message) == ["--token-budget", str(budget)]
+    assert line_bench.preflight_suggestion(message) == ["--token-budget", str(budget)]
 
 
 @pytest.mark.slow
@@ -78,7 +79,7 @@ def test_the_line_runs_again_with_what_preflight_suggests(tmp_path, monkeypatch)
 
     limit, fit = _limit(12), LinearPeak(base=8 * GIB, per_row=2 * GIB / 1024)
     refusal = _message(_refuse_drafter, _line(width=1280), 1024, 4096, fit(1024, 4096), fit, limit, "rank 0", True)
-    assert bench_line.preflight_suggestion(refusal) == ["--max-query-rows", "1024"]
+    assert line_bench.preflight_suggestion(refusal) == ["--max-query-rows", "1024"]
     real_build = line_module.Line._build_drafter
     builds = []
 
@@ -102,6 +103,6 @@ def test_the_line_runs_again_with_what_preflight_suggests(tmp_path, monkeypatch)
     assert first["exit"] == 2 and "preflight: the drafter" in first["refusal"]
     assert second["exit"] == 0 and second["argv"][-2:] == ["--max-query-rows", "1024"] and builds == [4096, 1024]
     assert row["tokens_s"] > 0 and "--max-query-rows 1024" in row["note"]
-    assert (tmp_path / "target" / "config.json").is_file() and not bench_line._weights(tmp_path / "target")
+    assert (tmp_path / "target" / "config.json").is_file() and not line_bench._weights(tmp_path / "target")
     gc.collect()
     assert not [o for o in gc.get_objects() if type(o) in (TargetFeatures, DFlashDrafter)]
