@@ -238,8 +238,8 @@ def _check(value: Any, hint: Any) -> Any:
             except _WrongType:
                 pass
         raise _WrongType
-    if hint is bool:
-        if isinstance(value, bool):
+    if hint in (bool, str):  # exactly that type: 1 is not a bool, nor 6e-4 written in quotes a float
+        if isinstance(value, hint):
             return value
         raise _WrongType
     if hint is int:
@@ -251,10 +251,6 @@ def _check(value: Any, hint: Any) -> Any:
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        raise _WrongType
-    if hint is str:
-        if isinstance(value, str):
-            return value
         raise _WrongType
     if origin is list:
         if not isinstance(value, (list, tuple)):

@@ -48,7 +48,7 @@ class BlockLayout:
         return (self.anchor_pos[:, None] + offsets[None, :]).reshape(-1)
 
     def to(self, device: torch.device | str) -> "BlockLayout":
-        host = self.host or (self if self.context_doc.device.type == "cpu" else None)
+        host = self.host if self.host is not None else (self if self.context_doc.device.type == "cpu" else None)
         return BlockLayout(
             self.context_doc.to(device, non_blocking=True),
             self.context_pos.to(device, non_blocking=True),

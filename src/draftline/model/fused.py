@@ -30,31 +30,31 @@ from draftline.model.drafter import ContextCache, DFlashDrafter
 from draftline.model.target import TargetFeatures
 
 
-def _training_only(eager, compiled):
-    """Call ``compiled`` in training passes (gradients on, no inference cache), ``eager`` otherwise.
-
-    Evaluation during training (speculative decoding with a ``ContextCache``, under no_grad) then
-    runs the eager code it was written for, without guards on the cache or recompilation for
-    one-block shapes.
-    """
+def _compiled_when(use_compiled, eager):
+    """``eager`` compiled (dynamic shapes), called compiled when ``use_compiled(args, kwargs)`` holds and
+    eager otherwise: the calls a model makes outside the pass it was compiled for stay as written."""
+    compiled = torch.compile(eager, dynamic=True)
 
     def call(*args, **kwargs):
-        if torch.is_grad_enabled() and not any(isinstance(a, ContextCache) for a in (*args, *kwargs.values())):
-            return compiled(*args, **kwargs)
-        return eager(*args, **kwargs)
+        return (compiled if use_compiled(args, kwargs) else eager)(*args, **kwargs)
 
     return call
+
+
+def _training_pass(args, kwargs) -> bool:
+    """Gradients on and no inference cache. Evaluation during training (speculative decoding with a
+    ``ContextCache``, under no_grad) runs the eager code it was written for, without guards on the
+    cache or recompilation for one-block shapes."""
+    return torch.is_grad_enabled() and not any(isinstance(a, ContextCache) for a in (*args, *kwargs.values()))
 
 
 def compile_drafter(drafter: DFlashDrafter) -> DFlashDrafter:
     """Compile the drafter's dense parts in place for training passes (see the module docstring)."""
     for layer in drafter.layers:
         for name in ("attention_inputs", "attention_outputs_and_mlp"):
-            eager = getattr(layer, name)
-            setattr(layer, name, _training_only(eager, torch.compile(eager, dynamic=True)))
-    drafter.project_context = _training_only(drafter.project_context,
-                                             torch.compile(drafter.project_context, dynamic=True))
-    drafter.norm.forward = _training_only(drafter.norm.forward, torch.compile(drafter.norm.forward, dynamic=True))
+            setattr(layer, name, _compiled_when(_training_pass, getattr(layer, name)))
+    drafter.project_context = _compiled_when(_training_pass, drafter.project_context)
+    drafter.norm.forward = _compiled_when(_training_pass, drafter.norm.forward)
     return drafter
 
 
@@ -66,16 +66,8 @@ def _dense_mlp(module: torch.nn.Module | None) -> bool:
 def compile_target(target: TargetFeatures) -> TargetFeatures:
     """Compile, in place, the decoder layers of the target's feature pass (see the module docstring)."""
 
-    def in_feature_pass(eager, compiled):
-        def call(*args, **kwargs):
-            if target.in_feature_pass():
-                return compiled(*args, **kwargs)
-            return eager(*args, **kwargs)
-
-        return call
-
     def compile_forward(module: torch.nn.Module) -> None:
-        module.forward = in_feature_pass(module.forward, torch.compile(module.forward, dynamic=True))
+        module.forward = _compiled_when(lambda _args, _kwargs: target.in_feature_pass(), module.forward)
 
     for layer in target.decoder.layers[: target.layers_run]:
         if not hasattr(layer, "linear_attn") and _dense_mlp(getattr(layer, "mlp", None)):
