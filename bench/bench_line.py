@@ -182,10 +182,12 @@ def bench_target(args, device, dtype, peak, rows):
     return drafter_cfg, layers
 
 
-def make_worker(cfg, device, dtype, max_query_rows, embed, head, head_chunk_rows=4096, compile_layers=True):
+def make_worker(cfg, device, dtype, max_query_rows, embed, head, head_chunk_rows=4096, compile_layers=True,
+                attention="auto"):
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg).to(device=device, dtype=torch.float32)
-    objective = DFlashObjective(drafter, embed, head, ObjectiveSettings(max_anchors=512, head_chunk_rows=head_chunk_rows))
+    settings = ObjectiveSettings(max_anchors=512, head_chunk_rows=head_chunk_rows, attention=attention)
+    objective = DFlashObjective(drafter, embed, head, settings)
     optim_cfg = OptimConfig()
     optimizer = build_optimizer(drafter, optim_cfg)
     scheduler = build_scheduler(optimizer, optim_cfg, 1000)
@@ -205,7 +207,7 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
     embed = (torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02)
     head = (torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02)
     worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head, args.head_chunk_rows,
-                         compile_layers=not args.no_compile)
+                         compile_layers=not args.no_compile, attention=args.attention)
     batches = make_batches()
 
     def delivery(b):  # one batch's features at a time, made outside the timed window
@@ -275,6 +277,8 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--head-chunk-rows", type=int, default=2048, help="rows of logits per LM-head chunk")
     parser.add_argument("--no-compile", action="store_true", help="drafter and target layers eager (no torch.compile)")
+    parser.add_argument("--attention", default="auto", choices=["auto", "flex", "flash", "dense"],
+                        help="the drafter's attention ('flash': flex on FlashAttention-4's kernels)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["target", "drafter-3072", "drafter-packed"])
     parser.add_argument("--line", action="store_true", help="also run `draftline train` colocated")
     parser.add_argument("--line-steps", type=int, default=40)
@@ -292,13 +296,14 @@ def main() -> int:
     SPEC["flops"] = spec_peak(device)
     rows: list[dict] = []
     cfg = build_drafter_config(target_config(args.shape), num_hidden_layers=5, block_size=16)
+    drafter = f"{args.shape} drafter" + ("" if args.attention == "auto" else f" ({args.attention})")
     steps = [
         ("target", lambda: bench_target(args, device, dtype, peak, rows)),
         ("drafter-3072", lambda: bench_drafter(
-            args, cfg, device, dtype, peak, rows, f"{args.shape} drafter, 1 x 3072 tok, 512 anchors",
+            args, cfg, device, dtype, peak, rows, f"{drafter}, 1 x 3072 tok, 512 anchors",
             lambda: [packed_batch([3072], cfg.vocab_size, i, i) for i in range(args.iters + 2)])),
         ("drafter-packed", lambda: bench_drafter(
-            args, cfg, device, dtype, peak, rows, f"{args.shape} drafter, packed {args.budget} tok",
+            args, cfg, device, dtype, peak, rows, f"{drafter}, packed {args.budget} tok",
             lambda: [packed_batch(lognormal_lengths(np.random.default_rng(i), args.budget), cfg.vocab_size, i, i)
                      for i in range(args.iters + 2)])),
     ]

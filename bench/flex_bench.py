@@ -37,6 +37,8 @@ VARIANTS = {  # kernel options ("fwd_"/"bwd_" prefixes apply to one pass only); 
               "bwd_num_stages": 3},
     "fwd128": {"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 128, "fwd_num_warps": 8, "fwd_num_stages": 2},
     "autotune": {},
+    "flash": {"BACKEND": "FLASH"},  # FlashAttention-4's CuTe DSL kernels (needs flash-attn-4 installed)
+    "flash_static": {"BACKEND": "FLASH"},
 }
 
 
@@ -56,14 +58,16 @@ def main() -> int:
     layout = blocks.layout.to(device)
     q_rows, kv_rows = layout.num_queries, layout.num_context + layout.num_queries
     results = []
+    reference = None  # the first variant's output and gradients: every other is compared with it
     for name in args.variants.split(","):
         opts = dict(VARIANTS.get(name, {}))
         attn = FlexAttention(layout, ["full_attention"], None, 128**-0.5)
         from torch.nn.attention.flex_attention import flex_attention
 
         mode = "max-autotune-no-cudagraphs" if name == "autotune" else None
-        kernel = torch.compile(flex_attention, dynamic=name != "static", mode=mode)
+        kernel = torch.compile(flex_attention, dynamic=not name.endswith("static"), mode=mode)
         mask = attn.block_masks["full_attention"]
+        torch.manual_seed(0)  # the same inputs for every variant
         q = torch.randn(1, 32, q_rows, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(1, 8, kv_rows, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
         v = torch.randn(1, 8, kv_rows, 128, device=device, dtype=torch.bfloat16, requires_grad=True)
@@ -79,6 +83,17 @@ def main() -> int:
             step()
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
+            for t in (q, k, v):
+                t.grad = None
+            with torch.no_grad():
+                out = kernel(q, k, v, block_mask=mask, scale=128**-0.5, enable_gqa=True, kernel_options=opts or None)
+            out.requires_grad_(False)
+            step()
+            mine = [out.float()] + [t.grad.float() for t in (q, k, v)]
+            if reference is None:
+                reference, errors = mine, [0.0] * 4
+            else:
+                errors = [((a - b).norm() / b.norm()).item() for a, b in zip(mine, reference)]
             times = []
             for _ in range(args.iters):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -98,7 +113,8 @@ def main() -> int:
                     fwd.append(start.elapsed_time(end) / 1e3)
             med, fmed = statistics.median(times), statistics.median(fwd)
             res = {"variant": name, "ms_fwd_bwd": 1e3 * med, "ms_fwd": 1e3 * fmed, "tflops_fwd_bwd": flops / med / 1e12,
-                   "tflops_fwd": flops / 3 / fmed / 1e12, "compile_s": compile_s}
+                   "tflops_fwd": flops / 3 / fmed / 1e12, "compile_s": compile_s,
+                   "rel_err_out_dq_dk_dv": [round(e, 5) for e in errors]}
         except Exception as exc:  # noqa: BLE001 - an option the kernel rejects is a result too
             res = {"variant": name, "failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
         results.append(res)

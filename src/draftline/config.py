@@ -160,7 +160,8 @@ class MonitorConfig:
 @dataclass
 class EngineConfig:
     attention: str = "auto"
-    """Drafter attention: 'auto' (flex on GPU, dense on CPU), 'flex' or 'dense'."""
+    """Drafter attention: 'auto' (flex on GPU, dense on CPU), 'flex', 'flash' (flex with
+    FlashAttention-4's kernels: the ``flash-attn-4`` package, Hopper or Blackwell) or 'dense'."""
     head_chunk_rows: int = 4096
     """Rows of vocabulary logits materialised at once."""
     max_query_rows: int = 32768
@@ -402,8 +403,8 @@ def validate(config: TrainConfig) -> None:
     if mon.eval_final_num_prompts is not None:
         _positive(mon.eval_final_num_prompts, "monitor.eval_final_num_prompts (--eval-final-num-prompts)")
     _positive(mon.eval_final_max_new_tokens, "monitor.eval_final_max_new_tokens (--eval-final-max-new-tokens)")
-    if e.attention not in ("auto", "flex", "dense"):
-        raise DraftlineError(f"engine.attention must be auto, flex or dense, got {e.attention!r}")
+    if e.attention not in ("auto", "flex", "flash", "dense"):
+        raise DraftlineError(f"engine.attention must be auto, flex, flash or dense, got {e.attention!r}")
     if e.max_query_rows < m.block_size:
         raise DraftlineError(f"engine.max_query_rows={e.max_query_rows} must hold at least one block ({m.block_size} rows)")
     _positive(e.head_chunk_rows, "engine.head_chunk_rows")

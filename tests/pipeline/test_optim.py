@@ -33,3 +33,41 @@ def test_scale_and_clip_equals_scale_then_clip_grad_norm(max_norm):
     if 0 < max_norm < ref_norm:
         clipped = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params[:-1]]))
         torch.testing.assert_close(clipped, torch.tensor(max_norm), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_step_with_factor_equals_multiplying_the_gradients_first(fused):
+    """The fused AdamW's in-kernel factor (grad_scale) updates exactly as scaling the gradients, then stepping.
+
+    Adam is nearly blind to a gradient's scale, so the factor is made small enough (gradients near
+    its eps of 1e-8) that ignoring it would change the weights: the last check shows it does.
+    """
+    from draftline.pipeline.optim import grad_factor, step_with_factor
+
+    torch.manual_seed(1)
+    shapes = ((16, 8), (8,), (3, 5))
+    start = [torch.randn(s) for s in shapes]
+    grads = [[torch.randn(s) * 5 for s in shapes] for _ in range(3)]
+
+    def run(how: str):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, fused=fused or None)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads):
+                p.grad = g.clone()
+            factor, _ = grad_factor(params, torch.tensor(1e-9), 1e-7)  # scale, then clip to 1e-7
+            if how == "mine":
+                step_with_factor(opt, params, factor)
+            elif how == "first":
+                torch._foreach_mul_([p.grad for p in params], factor)
+                opt.step()
+            else:  # the factor ignored
+                opt.step()
+            assert not hasattr(opt, "grad_scale")
+        return params
+
+    mine, first, ignored = run("mine"), run("first"), run("ignored")
+    for a, b in zip(mine, first):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    gap = max((a - b).abs().max().item() for a, b in zip(mine, ignored))
+    assert gap > 1e-3

@@ -209,41 +209,73 @@ def document_causal_block_mask(doc_lengths: torch.Tensor, device: torch.device):
                                     BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(total, total))
 
 
+def key_query_tables(layout: BlockLayout) -> dict[str, torch.Tensor]:
+    """Per-key and per-query int32 tables from which the visibility rule reads (flex's mask_mod).
+
+    Keys ``[context ; block rows]``: ``kv_doc`` (context rows: their document, block rows: -1, which
+    no query has), ``kv_pos`` (position in the document; a block row ``(a', i)`` is at
+    ``pos(a') + i``), ``kv_anchor`` (block rows: their anchor ``a'``, context rows: -1). Queries
+    ``(a, j)``: ``q_doc``, ``q_anchor`` (``a``), ``q_anchor_pos`` (``pos(a)``), ``q_pos``
+    (``pos(a) + j``). The rule is then comparisons of gathered values only, with no integer
+    constant of the layout inside the mask function: its compiled kernel serves every pass shape,
+    and FlashAttention-4's backend (which cannot take symbolic scalars) can compile it.
+    """
+    block = layout.block_size
+    anchors = layout.anchor_doc.shape[0]
+    device = layout.anchor_doc.device
+    i32 = torch.int32
+    q_anchor = torch.arange(anchors, device=device, dtype=i32).repeat_interleave(block)
+    q_anchor_pos = layout.anchor_pos.to(i32).repeat_interleave(block)
+    q_pos = layout.block_positions().to(i32)
+    return {
+        "kv_doc": torch.cat([layout.context_doc.to(i32), torch.full_like(q_anchor, -1)]),
+        "kv_pos": torch.cat([layout.context_pos.to(i32), q_pos]),
+        "kv_anchor": torch.cat([torch.full((layout.num_context,), -1, device=device, dtype=i32), q_anchor]),
+        "q_doc": layout.anchor_doc.to(i32).repeat_interleave(block),
+        "q_anchor": q_anchor,
+        "q_anchor_pos": q_anchor_pos,
+        "q_pos": q_pos,
+    }
+
+
+FLEX_KERNELS = {"flex": None, "flash": {"BACKEND": "FLASH"}}
+"""flex_attention's kernel options per backend: 'flex' its Triton kernels, 'flash' FlashAttention-4's
+CuTe DSL kernels (the ``flash-attn-4`` package; Hopper and Blackwell GPUs)."""
+
+
 class FlexAttention:
     """Block-sparse attention through ``flex_attention``: only visible 128x128 tiles are computed."""
 
-    def __init__(self, layout: BlockLayout, layer_types: list[str], sliding_window: int | None, scale: float):
+    def __init__(self, layout: BlockLayout, layer_types: list[str], sliding_window: int | None, scale: float,
+                 kernel: str = "flex"):
         from torch.nn.attention.flex_attention import BlockMask
 
         self.scale = scale
         self.layer_types = layer_types
+        self.kernel_options = FLEX_KERNELS[kernel]
         # Compiled kernels on GPU; on CPU the eager flex path is a slow but exact cross-check.
         self.compiled = layout.context_doc.is_cuda
-        num_ctx = layout.num_context
-        block = layout.block_size
-        ctx_doc, ctx_pos = layout.context_doc, layout.context_pos
-        anchor_doc, anchor_pos = layout.anchor_doc, layout.anchor_pos
-        total_kv = num_ctx + layout.num_queries
+        tables = key_query_tables(layout)
+        kv_doc, kv_pos, kv_anchor = tables["kv_doc"], tables["kv_pos"], tables["kv_anchor"]
+        q_doc, q_anchor, q_anchor_pos, q_pos = (tables[k] for k in ("q_doc", "q_anchor", "q_anchor_pos", "q_pos"))
+        total_kv = layout.num_context + layout.num_queries
+        if sliding_window is not None:
+            q_low = q_pos - sliding_window  # keys at or before this position are out of the window
 
         def make(sliding: bool):
             def mask_mod(b, h, q_idx, kv_idx):
-                a = q_idx // block
-                j = q_idx % block
-                is_ctx = kv_idx < num_ctx
-                t = torch.where(is_ctx, kv_idx, 0)
-                kb = torch.where(is_ctx, 0, kv_idx - num_ctx)
-                ctx_ok = is_ctx & (ctx_doc[t] == anchor_doc[a]) & (ctx_pos[t] < anchor_pos[a])
-                blk_ok = (~is_ctx) & (kb // block == a)
+                # context rows: same document, strictly before the anchor; block rows: the query's own block
+                ctx_ok = (kv_doc[kv_idx] == q_doc[q_idx]) & (kv_pos[kv_idx] < q_anchor_pos[q_idx])
+                blk_ok = kv_anchor[kv_idx] == q_anchor[q_idx]
                 if sliding:
-                    i = kb % block
-                    blk_ok = blk_ok & (i <= j)
+                    blk_ok = blk_ok & (kv_pos[kv_idx] <= q_pos[q_idx])  # causal inside the block
                     if sliding_window is not None:
-                        ctx_ok = ctx_ok & (anchor_pos[a] + j - ctx_pos[t] < sliding_window)
-                        blk_ok = blk_ok & (j - i < sliding_window)
+                        inside = kv_pos[kv_idx] > q_low[q_idx]
+                        ctx_ok, blk_ok = ctx_ok & inside, blk_ok & inside
                 return ctx_ok | blk_ok
 
             partial, full = block_tiles(layout, sliding=sliding)
-            device = ctx_doc.device
+            device = layout.context_doc.device
             num, idx = _tiles_to_indices(partial)
             full_num, full_idx = _tiles_to_indices(full)
             return BlockMask.from_kv_blocks(
@@ -258,7 +290,8 @@ class FlexAttention:
 
         mask = self.block_masks[self.layer_types[layer_idx]]
         kernel = _compiled_flex() if self.compiled else flex_attention
-        return kernel(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=q.shape[1] != k.shape[1])
+        return kernel(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=q.shape[1] != k.shape[1],
+                      kernel_options=self.kernel_options)
 
 
 _FLEX = None
@@ -274,7 +307,7 @@ def _compiled_flex():
 
 
 def make_attention(layout: BlockLayout, config, backend: str = "auto"):
-    """The attention for ``layout`` with ``config``'s layer types: 'dense', 'flex' or 'auto'."""
+    """The attention for ``layout`` with ``config``'s layer types: 'dense', 'flex', 'flash' or 'auto'."""
     layer_types = list(config.layer_types)
     window = config.sliding_window if "sliding_attention" in layer_types else None
     scale = config.head_dim**-0.5
@@ -282,6 +315,6 @@ def make_attention(layout: BlockLayout, config, backend: str = "auto"):
         backend = "flex" if layout.context_doc.is_cuda else "dense"
     if backend == "dense":
         return DenseAttention(layout, layer_types, window, scale)
-    if backend == "flex":
-        return FlexAttention(layout, layer_types, window, scale)
-    raise ValueError(f"unknown attention backend {backend!r}; use 'auto', 'dense' or 'flex'")
+    if backend in FLEX_KERNELS:
+        return FlexAttention(layout, layer_types, window, scale, kernel=backend)
+    raise ValueError(f"unknown attention backend {backend!r}; use 'auto', 'dense', 'flex' or 'flash'")

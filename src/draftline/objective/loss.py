@@ -40,7 +40,7 @@ class ObjectiveSettings:
     head_chunk_rows: int = 4096
     """Rows of logits materialised at once by the LM head."""
     attention: str = "auto"
-    """'auto' (flex on GPU, dense on CPU), 'flex' or 'dense'."""
+    """'auto' (flex on GPU, dense on CPU), 'flex', 'flash' (flex on FlashAttention-4) or 'dense'."""
     seed: int = 0
     distill: float = 0.0
     """Weight of the target's own next-token distribution in each label (soft labels); above 0 the

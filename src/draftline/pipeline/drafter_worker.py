@@ -27,7 +27,7 @@ from draftline.objective.loss import DFlashObjective
 from draftline.objective.metrics import WEIGHT_SUM, metrics_size
 from draftline.pipeline.health import Health
 from draftline.pipeline.memory import OutOfMemoryContext, gib, out_of_memory_context
-from draftline.pipeline.optim import scale_and_clip_grads_
+from draftline.pipeline.optim import grad_factor, step_with_factor
 from draftline.pipeline.waits import wait_work
 from draftline.pipeline.transport import Delivery, FeatureReceiver
 
@@ -248,14 +248,14 @@ class DrafterWorker:
         vector = self.sync.all_reduce(self._vector.clone())
         weight = vector[WEIGHT_SUM]
         scale = (1.0 / weight.clamp_min(1e-12)).float()
-        norm = scale_and_clip_grads_(self.params, scale, self.grad_clip)
+        factor, norm = grad_factor(self.params, scale, self.grad_clip)
         # One host sync per optimizer step, BEFORE the update is queued (the host then prepares the
         # next batch while the GPU runs AdamW): skip the update if the loss or a gradient is not finite.
         norm_host, loss_host, stop_flag = torch.stack([norm.double(), vector[0], vector[-1]]).tolist()
         finite = math.isfinite(norm_host) and math.isfinite(loss_host)
         if finite:
             self.in_optimizer_step = True  # a failure in here leaves the weights half-updated
-            self.optimizer.step()
+            step_with_factor(self.optimizer, self.params, factor)  # scale and clip inside the update
             self.in_optimizer_step = False
             self.counters.bad_in_a_row = 0
         else:

@@ -281,9 +281,20 @@ def preflight_target(line, target) -> float:
     return peak - resident
 
 
+SUGGESTION_MARGIN = 0.01
+"""The fraction of the limit that a refusal's suggested sizes leave free."""
+
+
+def _suggestion_room(limit: MemoryLimit) -> float:
+    """The peak a suggested size may reach: the limit less a margin, because the next run's limit moves
+    with the device's free memory (seen on an H200: 137.1 GiB, then 136.7 GiB on the rerun, which
+    refused a suggestion made at the edge)."""
+    return limit.limit * (1 - SUGGESTION_MARGIN)
+
+
 def _refuse_target(line, budget, peak, fit, limit: MemoryLimit, who: str, predicted: bool = False):
     config = line.config
-    best = min(fit.largest_tokens(limit.limit, 0, 256), budget - 256) if fit is not None else 0
+    best = min(fit.largest_tokens(_suggestion_room(limit), 0, 256), budget - 256) if fit is not None else 0
     needed = "more than it may use (out of memory)" if peak is None else f"{_gib(peak)}{' (predicted)' if predicted else ''}"
     raise DraftlineError(
         f"preflight: the target ({who}) needs {needed} at --token-budget {budget:,} with q_hs {config.topology.q_hs}; "
@@ -407,8 +418,9 @@ def _refuse_drafter(line, budget, rows, peak, fit, limit: MemoryLimit, who, colo
         if 1 <= fewer < q_hs:
             options.append(f"--q-hs {fewer} (each queued batch of features is {_gib(per_batch)})")
     if fit is not None:
-        best_rows = min(fit.largest_rows(limit.limit, budget, block), rows - block)
-        best_budget = min(fit.largest_tokens(limit.limit, rows, 256), budget - 256)
+        room = _suggestion_room(limit)
+        best_rows = min(fit.largest_rows(room, budget, block), rows - block)
+        best_budget = min(fit.largest_tokens(room, rows, 256), budget - 256)
         if best_rows >= block:
             options.append(f"--max-query-rows {best_rows} (at --token-budget {budget})")
         if best_budget >= 256:
