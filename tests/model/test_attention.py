@@ -215,3 +215,30 @@ def test_tiles_of_a_moved_layout_come_from_its_host_copy():
     for sliding in (False, True):
         for got, want in zip(block_tiles(moved, sliding=sliding), block_tiles(layout, sliding=sliding)):
             assert torch.equal(got, want)
+
+
+def test_the_flex_mask_reads_tensors_only_and_compiles_without_duck_shaping():
+    """The mask function closes over no integer of the layout (every pass shape shares one kernel) and
+    compiles with per-tensor size symbols, as the FlashAttention-4 backend needs, to the dense result."""
+    import torch.nn.attention.flex_attention as fa
+
+    from draftline.model.attention import _shapes_for
+
+    torch.manual_seed(0)
+    layout = layout_for([9, 13, 4], [[1, 5, 7], [0, 4, 11], [2]], block=4)
+    flex = FlexAttention(layout, ["full_attention", "sliding_attention"], 5, 8**-0.5)
+    for mask in flex.block_masks.values():
+        cells = [c.cell_contents for c in mask.mask_mod.__closure__ or ()]
+        assert all(isinstance(c, (torch.Tensor, bool)) or c is None for c in cells), cells
+    dense = DenseAttention(layout, ["full_attention", "sliding_attention"], 5, 8**-0.5)
+    compiled = torch.compile(fa.flex_attention, dynamic=True, backend="aot_eager")
+    kv = layout.num_context + layout.num_queries
+    q, k, v = torch.randn(1, 4, layout.num_queries, 8), torch.randn(1, 2, kv, 8), torch.randn(1, 2, kv, 8)
+    with _shapes_for({"BACKEND": "FLASH"}):
+        from torch.fx.experimental import _config as fx_config
+
+        assert fx_config.use_duck_shape is False
+        for layer, kind in enumerate(["full_attention", "sliding_attention"]):
+            out = compiled(q, k, v, block_mask=flex.block_masks[kind], scale=8**-0.5, enable_gqa=True)
+            torch.testing.assert_close(out, dense(q, k, v, layer), rtol=1e-5, atol=1e-5)
+    assert fx_config.use_duck_shape is True

@@ -259,7 +259,8 @@ class FlexAttention:
         kv_doc, kv_pos, kv_anchor = tables["kv_doc"], tables["kv_pos"], tables["kv_anchor"]
         q_doc, q_anchor, q_anchor_pos, q_pos = (tables[k] for k in ("q_doc", "q_anchor", "q_anchor_pos", "q_pos"))
         total_kv = layout.num_context + layout.num_queries
-        if sliding_window is not None:
+        windowed = sliding_window is not None
+        if windowed:
             q_low = q_pos - sliding_window  # keys at or before this position are out of the window
 
         def make(sliding: bool):
@@ -269,7 +270,7 @@ class FlexAttention:
                 blk_ok = kv_anchor[kv_idx] == q_anchor[q_idx]
                 if sliding:
                     blk_ok = blk_ok & (kv_pos[kv_idx] <= q_pos[q_idx])  # causal inside the block
-                    if sliding_window is not None:
+                    if windowed:
                         inside = kv_pos[kv_idx] > q_low[q_idx]
                         ctx_ok, blk_ok = ctx_ok & inside, blk_ok & inside
                 return ctx_ok | blk_ok
@@ -290,8 +291,26 @@ class FlexAttention:
 
         mask = self.block_masks[self.layer_types[layer_idx]]
         kernel = _compiled_flex() if self.compiled else flex_attention
-        return kernel(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=q.shape[1] != k.shape[1],
-                      kernel_options=self.kernel_options)
+        with _shapes_for(self.kernel_options):
+            return kernel(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=q.shape[1] != k.shape[1],
+                          kernel_options=self.kernel_options)
+
+
+def _shapes_for(kernel_options):
+    """How dynamic shapes are named while flex compiles for ``kernel_options``.
+
+    With duck shaping (torch's default) the per-query tables share the size symbol of the queries and
+    the per-key tables that of the keys; Inductor then passes that symbol into the mask function as a
+    scalar, which FlashAttention-4's backend refuses ("mask_mod captures a dynamic scalar"). For that
+    backend each size gets its own symbol; the Triton kernels keep torch's default.
+    """
+    import contextlib
+
+    if not kernel_options or kernel_options.get("BACKEND") != "FLASH":
+        return contextlib.nullcontext()
+    from torch.fx.experimental import _config as fx_config
+
+    return fx_config.patch(use_duck_shape=False)
 
 
 _FLEX = None
