@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_line import packed_batch  # noqa: E402
 
-from draftline.model.attention import FlexAttention  # noqa: E402
+from draftline.model.attention import FlexAttention, flex_compile_shapes  # noqa: E402
 from draftline.monitor.flops import _drafter_pairs, attention_flops  # noqa: E402
 from draftline.monitor.shapes import FULL, LayerShape  # noqa: E402
 from draftline.objective.anchors import sample_anchors  # noqa: E402
@@ -76,8 +76,9 @@ def main() -> int:
             t0 = time.perf_counter()
 
             def step():
-                out = kernel(q, k, v, block_mask=mask, scale=128**-0.5, enable_gqa=True,
-                             kernel_options=opts or None)
+                with flex_compile_shapes(opts):  # FLASH: no duck shaping (see model/attention.py)
+                    out = kernel(q, k, v, block_mask=mask, scale=128**-0.5, enable_gqa=True,
+                                 kernel_options=opts or None)
                 out.backward(grad)
 
             step()
@@ -85,7 +86,7 @@ def main() -> int:
             compile_s = time.perf_counter() - t0
             for t in (q, k, v):
                 t.grad = None
-            with torch.no_grad():
+            with torch.no_grad(), flex_compile_shapes(opts):
                 out = kernel(q, k, v, block_mask=mask, scale=128**-0.5, enable_gqa=True, kernel_options=opts or None)
             out.requires_grad_(False)
             step()
@@ -103,7 +104,7 @@ def main() -> int:
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(end) / 1e3)
             fwd = []
-            with torch.no_grad():
+            with torch.no_grad(), flex_compile_shapes(opts):
                 for _ in range(args.iters):
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()

@@ -18,7 +18,7 @@ import torch
 
 from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
-from draftline.pipeline.preflight import LinearPeak, MemoryLimit, _refuse_drafter, _refuse_target
+from draftline.pipeline.preflight import SUGGESTION_MARGIN, LinearPeak, MemoryLimit, _refuse_drafter, _refuse_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench_line  # noqa: E402
@@ -47,7 +47,7 @@ def test_a_drafter_refusal_suggests_fewer_query_rows_at_the_same_budget():
     limit, fit = _limit(139), LinearPeak(base=80 * GIB, per_token=1e6, per_row=2.5e6)
     message = _message(_refuse_drafter, _line(), 32768, 32768, fit(32768, 32768), fit, limit, "rank 0", True,
                        predicted=True)
-    rows = min(fit.largest_rows(limit.limit, 32768, 16), 32768 - 16)
+    rows = min(fit.largest_rows(limit.limit * (1 - SUGGESTION_MARGIN), 32768, 16), 32768 - 16)
     assert 16 <= rows < 32768
     assert line_bench.preflight_suggestion(message) == ["--max-query-rows", str(rows)]
 
@@ -56,7 +56,7 @@ def test_without_a_rows_option_the_budget_then_activation_checkpointing():
     limit = _limit(139)
     tokens_only = LinearPeak(base=100 * GIB, per_token=2e6, per_row=0.0)
     message = _message(_refuse_drafter, _line(), 32768, 32768, tokens_only(32768), tokens_only, limit, "rank 0", True)
-    budget = min(tokens_only.largest_tokens(limit.limit, 32768, 256), 32768 - 256)
+    budget = min(tokens_only.largest_tokens(limit.limit * (1 - SUGGESTION_MARGIN), 32768, 256), 32768 - 256)
     assert line_bench.preflight_suggestion(message) == ["--token-budget", str(budget)]
 
     hopeless = LinearPeak(base=200 * GIB)
@@ -65,7 +65,7 @@ def test_without_a_rows_option_the_budget_then_activation_checkpointing():
 
     target = LinearPeak(base=120 * GIB, per_token=1e6)
     message = _message(_refuse_target, _line(), 32768, target(32768), target, limit, "rank 0", predicted=True)
-    budget = target.largest_tokens(limit.limit, 0, 256)
+    budget = target.largest_tokens(limit.limit * (1 - SUGGESTION_MARGIN), 0, 256)
     assert line_bench.preflight_suggestion(message) == ["--token-budget", str(budget)]
 
 
@@ -79,7 +79,9 @@ def test_the_line_runs_again_with_what_preflight_suggests(tmp_path, monkeypatch)
 
     limit, fit = _limit(12), LinearPeak(base=8 * GIB, per_row=2 * GIB / 1024)
     refusal = _message(_refuse_drafter, _line(width=1280), 1024, 4096, fit(1024, 4096), fit, limit, "rank 0", True)
-    assert line_bench.preflight_suggestion(refusal) == ["--max-query-rows", "1024"]
+    rows = min(fit.largest_rows(limit.limit * (1 - SUGGESTION_MARGIN), 1024, 16), 4096 - 16)
+    assert 16 <= rows < 4096
+    assert line_bench.preflight_suggestion(refusal) == ["--max-query-rows", str(rows)]
     real_build = line_module.Line._build_drafter
     builds = []
 
@@ -101,8 +103,8 @@ def test_the_line_runs_again_with_what_preflight_suggests(tmp_path, monkeypatch)
     row = json.loads(out.read_text())["rows"][0]
     first, second = row["attempts"]
     assert first["exit"] == 2 and "preflight: the drafter" in first["refusal"]
-    assert second["exit"] == 0 and second["argv"][-2:] == ["--max-query-rows", "1024"] and builds == [4096, 1024]
-    assert row["tokens_s"] > 0 and "--max-query-rows 1024" in row["note"]
+    assert second["exit"] == 0 and second["argv"][-2:] == ["--max-query-rows", str(rows)] and builds == [4096, rows]
+    assert row["tokens_s"] > 0 and f"--max-query-rows {rows}" in row["note"]
     assert (tmp_path / "target" / "config.json").is_file() and not line_bench._weights(tmp_path / "target")
     gc.collect()
     assert not [o for o in gc.get_objects() if type(o) in (TargetFeatures, DFlashDrafter)]

@@ -161,7 +161,8 @@ class MonitorConfig:
 class EngineConfig:
     attention: str = "auto"
     """Drafter attention: 'auto' (flex on GPU, dense on CPU), 'flex', 'flash' (flex with
-    FlashAttention-4's kernels: the ``flash-attn-4`` package, Hopper or Blackwell) or 'dense'."""
+    FlashAttention-4's kernels: the ``flash-attn-4`` package, Hopper or Blackwell; experimental, not
+    yet seen to run end to end: docs/PERF_NOTES.md, session 14) or 'dense'."""
     head_chunk_rows: int = 4096
     """Rows of vocabulary logits materialised at once."""
     max_query_rows: int = 32768

@@ -222,7 +222,7 @@ def test_the_flex_mask_reads_tensors_only_and_compiles_without_duck_shaping():
     compiles with per-tensor size symbols, as the FlashAttention-4 backend needs, to the dense result."""
     import torch.nn.attention.flex_attention as fa
 
-    from draftline.model.attention import _shapes_for
+    from draftline.model.attention import flex_compile_shapes
 
     torch.manual_seed(0)
     layout = layout_for([9, 13, 4], [[1, 5, 7], [0, 4, 11], [2]], block=4)
@@ -234,7 +234,7 @@ def test_the_flex_mask_reads_tensors_only_and_compiles_without_duck_shaping():
     compiled = torch.compile(fa.flex_attention, dynamic=True, backend="aot_eager")
     kv = layout.num_context + layout.num_queries
     q, k, v = torch.randn(1, 4, layout.num_queries, 8), torch.randn(1, 2, kv, 8), torch.randn(1, 2, kv, 8)
-    with _shapes_for({"BACKEND": "FLASH"}):
+    with flex_compile_shapes({"BACKEND": "FLASH"}):
         from torch.fx.experimental import _config as fx_config
 
         assert fx_config.use_duck_shape is False

@@ -260,8 +260,7 @@ class FlexAttention:
         q_doc, q_anchor, q_anchor_pos, q_pos = (tables[k] for k in ("q_doc", "q_anchor", "q_anchor_pos", "q_pos"))
         total_kv = layout.num_context + layout.num_queries
         windowed = sliding_window is not None
-        if windowed:
-            q_low = q_pos - sliding_window  # keys at or before this position are out of the window
+        q_low = q_pos - sliding_window if windowed else q_pos  # keys at or before q_low are out of the window
 
         def make(sliding: bool):
             def mask_mod(b, h, q_idx, kv_idx):
@@ -291,12 +290,12 @@ class FlexAttention:
 
         mask = self.block_masks[self.layer_types[layer_idx]]
         kernel = _compiled_flex() if self.compiled else flex_attention
-        with _shapes_for(self.kernel_options):
+        with flex_compile_shapes(self.kernel_options):
             return kernel(q, k, v, block_mask=mask, scale=self.scale, enable_gqa=q.shape[1] != k.shape[1],
                           kernel_options=self.kernel_options)
 
 
-def _shapes_for(kernel_options):
+def flex_compile_shapes(kernel_options):
     """How dynamic shapes are named while flex compiles for ``kernel_options``.
 
     With duck shaping (torch's default) the per-query tables share the size symbol of the queries and
