@@ -15,6 +15,7 @@ The dense path is exact and simple (CPU, tests, reference); the flex path builds
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -303,8 +304,6 @@ def flex_compile_shapes(kernel_options):
     scalar, which FlashAttention-4's backend refuses ("mask_mod captures a dynamic scalar"). For that
     backend each size gets its own symbol; the Triton kernels keep torch's default.
     """
-    import contextlib
-
     if not kernel_options or kernel_options.get("BACKEND") != "FLASH":
         return contextlib.nullcontext()
     from torch.fx.experimental import _config as fx_config

@@ -34,27 +34,13 @@ def grad_factor(params, scale: torch.Tensor, max_norm: float) -> tuple[torch.Ten
     """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        zero = torch.zeros((), device=scale.device)
-        return scale.float(), zero
+        return scale.float(), torch.zeros((), device=scale.device)
     norms = torch._foreach_norm(grads, 2.0)
     norm = torch.linalg.vector_norm(torch.stack([n.float() for n in norms])) * scale.float()
     factor = scale.float()
     if max_norm > 0:
         factor = factor * torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     return factor, norm
-
-
-def scale_and_clip_grads_(params, scale: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Multiply the gradients by ``grad_factor``'s factor in one pass; returns the scaled norm.
-
-    The same result as ``_foreach_mul_(grads, scale)`` followed by ``clip_grad_norm_(max_norm)``,
-    with one read-write pass over the gradients instead of two.
-    """
-    factor, norm = grad_factor(params, scale, max_norm)
-    grads = [p.grad for p in params if p.grad is not None]
-    if grads:
-        torch._foreach_mul_(grads, factor.to(grads[0].dtype))
-    return norm
 
 
 def step_with_factor(optimizer: torch.optim.Optimizer, params, factor: torch.Tensor) -> None:

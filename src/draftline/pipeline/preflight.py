@@ -47,7 +47,7 @@ import torch
 
 from draftline.data.batch import PackedBatch
 from draftline.errors import DraftlineError
-from draftline.pipeline.memory import MemoryLimit, find_out_of_memory, memory_limit
+from draftline.pipeline.memory import MemoryLimit, find_out_of_memory, gib, memory_limit
 
 _GIB = 2**30
 DOC_TOKENS = 2048
@@ -60,10 +60,6 @@ CHECK_TOLERANCE = (0.25 * 2**30, 0.02)
 
 def _say(message: str) -> None:
     print(f"draftline: preflight: {message}", flush=True)
-
-
-def _gib(num_bytes: float) -> str:
-    return f"{num_bytes / _GIB:.1f} GiB"
 
 
 def _synthetic_batch(num_tokens: int, vocab_size: int) -> PackedBatch:
@@ -165,7 +161,7 @@ class FitCheck:
     def describe(self) -> str:
         off = self.measured - self.predicted
         size = f"{self.tokens:,} tokens" + (f" x {self.rows:,} rows" if self.rows else "")
-        return (f"check at {size}: measured {_gib(self.measured)}, the fit says {_gib(self.predicted)} "
+        return (f"check at {size}: measured {gib(self.measured)}, the fit says {gib(self.predicted)} "
                 f"({'+' if off >= 0 else '-'}{abs(off) / 2**20:,.0f} MiB): "
                 + ("the fit holds" if self.trusted else
                    "the fit does not hold (a one-time allocation in a measured point, or a peak not linear in the "
@@ -173,7 +169,7 @@ class FitCheck:
 
 
 def _describe_fit(fit: LinearPeak) -> str:
-    text = f"fit: {_gib(fit.base)} + {fit.per_token * 1024 / 2**20:,.1f} MiB per 1K tokens"
+    text = f"fit: {gib(fit.base)} + {fit.per_token * 1024 / 2**20:,.1f} MiB per 1K tokens"
     return text + (f" + {fit.per_row * 1024 / 2**20:,.1f} MiB per 1K query rows" if fit.per_row else "")
 
 
@@ -199,7 +195,7 @@ def _fit_and_check(line, role: str, run, points_at: list[tuple[int, int]], check
         refuse_oom()
     kept = (float(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0.0) - before
     _note(line, role, warmup_peak=warm, warmup_kept=kept, points=[], check=None, fit=None, verified=None)
-    _say(f"{role}: warm-up pass at {points_at[0][0]:,} tokens, not measured for the fit: peak {_gib(warm)}, "
+    _say(f"{role}: warm-up pass at {points_at[0][0]:,} tokens, not measured for the fit: peak {gib(warm)}, "
          f"{kept / 2**20:,.0f} MiB kept allocated after it (one-time: kernels, workspaces, optimizer state) "
          f"({time.perf_counter() - t0:.1f} s)")
     points = []
@@ -246,7 +242,7 @@ def preflight_target(line, target) -> float:
         t0 = time.perf_counter()
         peak = _measure(device, body)
         if not quiet:
-            _say(f"target at {tokens:,} tokens: {'out of memory' if peak is None else _gib(peak)} "
+            _say(f"target at {tokens:,} tokens: {'out of memory' if peak is None else gib(peak)} "
                  f"({time.perf_counter() - t0:.1f} s)")
         return peak
 
@@ -263,7 +259,7 @@ def preflight_target(line, target) -> float:
         _note(line, "target", predicted=predicted)
         if predicted > limit.limit and check.trusted:
             _refuse_target(line, budget, predicted, fit, limit, who, predicted=True)
-        _say(f"target: {_gib(predicted)} predicted at {budget:,} tokens; verifying at that size")
+        _say(f"target: {gib(predicted)} predicted at {budget:,} tokens; verifying at that size")
         peak = run(budget)
         _note(line, "target", verified=peak)
         if peak is not None:
@@ -275,7 +271,7 @@ def preflight_target(line, target) -> float:
     outbox_per_token = outbox * width * torch.finfo(line.dtype).bits // 8
     line.target_preflight_fit = LinearPeak(fit.base - resident, max(fit.per_token - outbox_per_token, 0.0))
     seconds = time.perf_counter() - started
-    _say(f"target: {_gib(peak)} peak at --token-budget {budget:,}, within the {_gib(limit.limit)} limit ({seconds:.1f} s)")
+    _say(f"target: {gib(peak)} peak at --token-budget {budget:,}, within the {gib(limit.limit)} limit ({seconds:.1f} s)")
     _record(line, "target", {"token_budget": budget, "peak_bytes": peak, "seconds": seconds, "points": points,
                              "check": asdict(check) if check else None, **asdict(limit)})
     return peak - resident
@@ -295,7 +291,7 @@ def _suggestion_room(limit: MemoryLimit) -> float:
 def _refuse_target(line, budget, peak, fit, limit: MemoryLimit, who: str, predicted: bool = False):
     config = line.config
     best = min(fit.largest_tokens(_suggestion_room(limit), 0, 256), budget - 256) if fit is not None else 0
-    needed = "more than it may use (out of memory)" if peak is None else f"{_gib(peak)}{' (predicted)' if predicted else ''}"
+    needed = "more than it may use (out of memory)" if peak is None else f"{gib(peak)}{' (predicted)' if predicted else ''}"
     raise DraftlineError(
         f"preflight: the target ({who}) needs {needed} at --token-budget {budget:,} with q_hs {config.topology.q_hs}; "
         f"{limit.describe()}. "
@@ -361,7 +357,7 @@ def preflight_drafter(line, objective, optimizer, target=None) -> None:
         if quiet:
             return peak
         _say(f"drafter at {tokens:,} tokens x {anchors_n * block:,} query rows: "
-             f"{'out of memory' if peak is None else _gib(peak)}{' incl. the target' if colocated else ''} "
+             f"{'out of memory' if peak is None else gib(peak)}{' incl. the target' if colocated else ''} "
              f"({time.perf_counter() - t0:.1f} s)")
         return peak
 
@@ -385,7 +381,7 @@ def preflight_drafter(line, objective, optimizer, target=None) -> None:
             _note(line, "drafter", predicted=predicted)
             if predicted > limit.limit and check.trusted:
                 _refuse_drafter(line, budget, rows, predicted, fit, limit, who, colocated, predicted=True)
-            _say(f"drafter: {_gib(predicted)} predicted at {budget:,} tokens x {rows:,} rows; verifying at that size")
+            _say(f"drafter: {gib(predicted)} predicted at {budget:,} tokens x {rows:,} rows; verifying at that size")
             peak = run(budget, rows)
             _note(line, "drafter", verified=peak)
             if peak is not None:
@@ -394,8 +390,8 @@ def preflight_drafter(line, objective, optimizer, target=None) -> None:
         if peak is None or peak > limit.limit:
             _refuse_drafter(line, budget, rows, peak, fit, limit, who, colocated)
         seconds = time.perf_counter() - started
-        _say(f"drafter: {_gib(peak)} peak at --token-budget {budget:,}, --max-query-rows {rows:,}"
-             f"{' with the colocated target' if colocated else ''}, within the {_gib(limit.limit)} limit ({seconds:.1f} s)")
+        _say(f"drafter: {gib(peak)} peak at --token-budget {budget:,}, --max-query-rows {rows:,}"
+             f"{' with the colocated target' if colocated else ''}, within the {gib(limit.limit)} limit ({seconds:.1f} s)")
         _record(line, "drafter", {"token_budget": budget, "max_query_rows": rows, "peak_bytes": peak, "seconds": seconds,
                                   "points": points, "check": asdict(check) if check else None, **asdict(limit)})
     finally:
@@ -416,7 +412,7 @@ def _refuse_drafter(line, budget, rows, peak, fit, limit: MemoryLimit, who, colo
         per_batch = budget * line.feature_width * torch.finfo(line.dtype).bits // 8
         fewer = q_hs - int(-(-(peak - limit.limit) // per_batch))
         if 1 <= fewer < q_hs:
-            options.append(f"--q-hs {fewer} (each queued batch of features is {_gib(per_batch)})")
+            options.append(f"--q-hs {fewer} (each queued batch of features is {gib(per_batch)})")
     if fit is not None:
         room = _suggestion_room(limit)
         best_rows = min(fit.largest_rows(room, budget, block), rows - block)
@@ -426,7 +422,7 @@ def _refuse_drafter(line, budget, rows, peak, fit, limit: MemoryLimit, who, colo
         if best_budget >= 256:
             options.append(f"--token-budget {best_budget} (at --max-query-rows {rows})")
     options.append("--activation-checkpointing")
-    needed = "more than it may use (out of memory)" if peak is None else f"{_gib(peak)}{' (predicted)' if predicted else ''}"
+    needed = "more than it may use (out of memory)" if peak is None else f"{gib(peak)}{' (predicted)' if predicted else ''}"
     raise DraftlineError(
         f"preflight: the drafter ({who}) needs {needed} for its worst case (--token-budget {budget:,}, "
         f"--max-query-rows {rows:,}{', colocated with the target' if colocated else ''}); {limit.describe()}. "
@@ -467,7 +463,7 @@ def changes(before: dict, now: dict) -> list[str]:
             if abs(old - new) > 1e-6:
                 out.append(f"{name} {old:.2f} -> {new:.2f}")
         elif abs(old - new) > 0.5 * _GIB:
-            out.append(f"{name} {_gib(old)} -> {_gib(new)}")
+            out.append(f"{name} {gib(old)} -> {gib(new)}")
     for key in ("token_budget", "max_query_rows"):
         if before.get(key) != now.get(key) and before.get(key) is not None:
             out.append(f"{key} {before.get(key)} -> {now.get(key)}")
