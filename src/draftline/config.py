@@ -160,9 +160,10 @@ class MonitorConfig:
 @dataclass
 class EngineConfig:
     attention: str = "auto"
-    """Drafter attention: 'auto' (flex on GPU, dense on CPU), 'flex', 'flash' (flex with
-    FlashAttention-4's kernels: the ``flash-attn-4`` package, Hopper or Blackwell; experimental, not
-    yet seen to run end to end: docs/PERF_NOTES.md, session 14) or 'dense'."""
+    """Drafter attention: 'auto' (on GPU FlashAttention-4's kernels when ``flash-attn-4`` is installed
+    on a Hopper or Blackwell GPU and they pass a first check against dense attention, else flex's
+    Triton kernels; dense on CPU), 'flex', 'flash' (flex on FlashAttention-4's kernels, an error
+    where they cannot run) or 'dense'."""
     head_chunk_rows: int = 4096
     """Rows of vocabulary logits materialised at once."""
     max_query_rows: int = 32768

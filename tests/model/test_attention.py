@@ -242,3 +242,60 @@ def test_the_flex_mask_reads_tensors_only_and_compiles_without_duck_shaping():
             out = compiled(q, k, v, block_mask=flex.block_masks[kind], scale=8**-0.5, enable_gqa=True)
             torch.testing.assert_close(out, dense(q, k, v, layer), rtol=1e-5, atol=1e-5)
     assert fx_config.use_duck_shape is True
+
+
+# ------------------------------------------------------------------ which kernel 'auto' picks
+def _tiny_config(**overrides):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**{"head_dim": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
+                              "layer_types": ["full_attention", "sliding_attention"], "sliding_window": 40, **overrides})
+
+
+def test_auto_attention_is_dense_on_cpu_and_flash_names_why_it_cannot_run():
+    from draftline.errors import DraftlineError
+    from draftline.model.attention import auto_backend, flash_unavailable, make_attention
+
+    layout = layout_for([50], [[3, 20]], 4)
+    assert auto_backend(torch.device("cpu"), _tiny_config()) == "dense"
+    assert isinstance(make_attention(layout, _tiny_config()), DenseAttention)
+    assert "cpu" in flash_unavailable(torch.device("cpu"), 128)
+    with pytest.raises(DraftlineError, match="--attention flash.*cpu"):
+        make_attention(layout, _tiny_config(), "flash")
+
+
+def test_auto_attention_takes_flash_only_when_its_first_check_passes(monkeypatch):
+    import draftline.model.attention as attention
+
+    monkeypatch.setattr(attention, "_AUTO", {})
+    monkeypatch.setattr(attention, "flash_unavailable", lambda device, head_dim: None)
+    monkeypatch.setattr(attention, "probe_flash", lambda device, config: "LoweringError: no kernel")
+    with pytest.warns(UserWarning, match="LoweringError: no kernel.*flex's Triton kernels"):
+        assert attention.auto_backend(torch.device("cuda"), _tiny_config()) == "flex"
+    monkeypatch.setattr(attention, "probe_flash", lambda device, config: None)
+    assert attention.auto_backend(torch.device("cuda"), _tiny_config()) == "flex"  # decided once per shape
+    assert attention.auto_backend(torch.device("cuda"), _tiny_config(head_dim=32)) == "flash"
+    monkeypatch.setattr(attention, "flash_unavailable", lambda device, head_dim: "not installed")
+    assert attention.auto_backend(torch.device("cuda"), _tiny_config(head_dim=64)) == "flex"
+
+
+def test_flash_probe_compares_with_dense_attention(monkeypatch):
+    # flex has no backward on CPU: the probe's kernel is stood in for by the dense path (in bf16),
+    # which passes; one 10% off fails, the reason naming the layer kind and the tensor.
+    import draftline.model.attention as attention
+
+    class Standin(DenseAttention):
+        factor = 1.0
+
+        def __init__(self, layout, types, window, scale, kernel):
+            assert kernel == "flash"
+            super().__init__(layout, types, window, scale)
+
+        def __call__(self, q, k, v, layer):
+            return self.factor * super().__call__(q, k, v, layer)
+
+    monkeypatch.setattr(attention, "FlexAttention", Standin)
+    assert attention.probe_flash(torch.device("cpu"), _tiny_config()) is None
+    Standin.factor = 1.1
+    reason = attention.probe_flash(torch.device("cpu"), _tiny_config())
+    assert reason is not None and "differs from dense attention" in reason and "output" in reason

@@ -41,6 +41,43 @@ def test_flex_drafter_attention_equals_dense_on_cuda():
         torch.testing.assert_close(flex(q, k, v, layer), dense(q, k, v, layer), rtol=2e-3, atol=2e-3)
 
 
+def _attention_and_grads(attend, inputs, layer, dtype):
+    leaves = [t.detach().to(dtype).requires_grad_(True) for t in inputs]
+    out = attend(*leaves, layer)
+    out.float().square().sum().backward()
+    return [out.detach().float()] + [t.grad.float() for t in leaves]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_flash_drafter_attention_matches_dense_as_closely_as_flex(head_dim):
+    """FlashAttention-4's kernels (flex's FLASH backend) in bf16: output and gradients within 2x the
+    error of flex's Triton kernels in bf16, both against dense attention in fp32; the probe passes."""
+    from draftline.model.attention import flash_unavailable, probe_flash
+
+    reason = flash_unavailable(torch.device("cuda"), head_dim)
+    if reason is not None:
+        pytest.skip(reason)
+    torch.manual_seed(0)
+    layout = layout_for([900, 77, 1500], [list(range(1, 890, 13)), list(range(0, 70, 9)), list(range(5, 1490, 11))],
+                        16).to("cuda")
+    keys = layout.num_context + layout.num_queries
+    inputs = [torch.randn(1, h, n, head_dim, device="cuda") for h, n in ((8, layout.num_queries), (2, keys), (2, keys))]
+    types, scale = ["full_attention", "sliding_attention"], head_dim**-0.5
+    flash = FlexAttention(layout, types, 256, scale, kernel="flash")
+    flex = FlexAttention(layout, types, 256, scale)
+    dense = DenseAttention(layout, types, 256, scale)
+    for layer in range(2):
+        ref = _attention_and_grads(dense, inputs, layer, torch.float32)
+        for name, a, b, r in zip(("out", "dq", "dk", "dv"), _attention_and_grads(flash, inputs, layer, torch.bfloat16),
+                                 _attention_and_grads(flex, inputs, layer, torch.bfloat16), ref):
+            err_flash, err_flex = ((a - r).norm() / r.norm()).item(), ((b - r).norm() / r.norm()).item()
+            print(f"{types[layer]} {name}: flash {err_flash:.2e}, flex {err_flex:.2e}")
+            assert err_flash <= 2 * err_flex + 1e-3, (types[layer], name, err_flash, err_flex)
+    config = type("C", (), {"head_dim": head_dim, "num_attention_heads": 8, "num_key_value_heads": 2,
+                            "layer_types": types, "sliding_window": 256})()
+    assert probe_flash(torch.device("cuda"), config) is None
+
+
 def test_flex_target_features_equal_per_document_sdpa(qwen3_target):
     g = torch.Generator().manual_seed(0)
     docs = [(torch.randint(0, 300, (n,), generator=g).tolist(), [True] * n) for n in (300, 7, 513, 129)]

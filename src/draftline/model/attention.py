@@ -16,6 +16,8 @@ The dense path is exact and simple (CPU, tests, reference); the flex path builds
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -111,6 +113,16 @@ class DenseAttention:
 TILE = 128  # flex_attention's tile size
 
 
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without waiting for the device: a copy from pageable memory
+    synchronises the stream (the host would wait for every kernel in flight); from pinned memory it
+    is queued like a kernel."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _tiles_to_indices(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Boolean [q_tiles, kv_tiles] -> (num_blocks [1,1,Qt], indices [1,1,Qt,KVt]) for BlockMask."""
     num = tiles.sum(-1).to(torch.int32)
@@ -199,14 +211,14 @@ def document_causal_block_mask(doc_lengths: torch.Tensor, device: torch.device):
     touched = (kv >= lo[:, None]) & (kv <= rows[:, None])
     full = (kv >= full_lo[:, None]) & (kv < rows[:, None])  # ... strictly below the diagonal tile
     partial = touched & ~full
-    doc_dev = doc.to(device)
+    doc_dev = _to_device(doc, device)
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (doc_dev[q_idx] == doc_dev[kv_idx]) & (kv_idx <= q_idx)
 
     num, idx = _tiles_to_indices(partial)
     full_num, full_idx = _tiles_to_indices(full)
-    return BlockMask.from_kv_blocks(num.to(device), idx.to(device), full_num.to(device), full_idx.to(device),
+    return BlockMask.from_kv_blocks(*(_to_device(t, device) for t in (num, idx, full_num, full_idx)),
                                     BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(total, total))
 
 
@@ -280,7 +292,7 @@ class FlexAttention:
             num, idx = _tiles_to_indices(partial)
             full_num, full_idx = _tiles_to_indices(full)
             return BlockMask.from_kv_blocks(
-                num.to(device), idx.to(device), full_num.to(device), full_idx.to(device),
+                *(_to_device(t, device) for t in (num, idx, full_num, full_idx)),
                 BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(layout.num_queries, total_kv),
             )
 
@@ -323,13 +335,107 @@ def _compiled_flex():
     return _FLEX
 
 
+FLASH_HEAD_DIMS = (64, 128)
+"""Head sizes the FlashAttention-4 path is tested with (tests/model/test_gpu.py); others use flex."""
+
+FLASH_INSTALL = "pip install 'draftline[flash]' (flash-attn-4; on CUDA 13 'flash-attn-4[cu13]')"
+
+
+def flash_unavailable(device: torch.device, head_dim: int) -> str | None:
+    """Why FlashAttention-4's kernels cannot run this drafter's attention here; None when they can."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"the drafter runs on {device.type}, not a CUDA GPU"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major not in (9, 10):
+        return f"compute capability {major}.{minor}: FlashAttention-4 runs on Hopper (9.0) and Blackwell (10.x)"
+    if head_dim not in FLASH_HEAD_DIMS:
+        return f"head_dim {head_dim} (the FlashAttention-4 path is used for {', '.join(map(str, FLASH_HEAD_DIMS))})"
+    try:
+        found = importlib.util.find_spec("flash_attn.cute") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        return f"flash-attn-4 is not installed: {FLASH_INSTALL}"
+    return None
+
+
+def probe_flash(device: torch.device, config) -> str | None:
+    """One small forward and backward through the FLASH backend, against dense attention in fp32.
+
+    Returns why it failed (a lowering error, or outputs/gradients off by more than bf16 rounding
+    allows), None when it passed. Its compiled kernels serve the real passes after it."""
+    torch.manual_seed(0)
+    blocks, block = 16, 16
+    layout = BlockLayout(torch.zeros(512, dtype=torch.long), torch.arange(512), torch.zeros(blocks, dtype=torch.long),
+                         torch.arange(blocks) * 31 + 7, block).to(device)
+    types = sorted(set(config.layer_types))
+    window = config.sliding_window if "sliding_attention" in types else None
+    scale = config.head_dim**-0.5
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    rows, keys = layout.num_queries, layout.num_context + layout.num_queries
+    try:
+        with torch.inference_mode(False), torch.enable_grad(), torch.autocast(device.type, enabled=False):
+            flash = FlexAttention(layout, types, window, scale, kernel="flash")
+            dense = DenseAttention(layout, types, window, scale)
+            for layer in range(len(types)):
+                inputs = [torch.randn(1, h, n, config.head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+                          for h, n in ((heads, rows), (kv_heads, keys), (kv_heads, keys))]
+                out = flash(*inputs, layer)
+                out.float().square().sum().backward()
+                mine = [out.detach().float()] + [t.grad.float() for t in inputs]
+                ref_in = [t.detach().float().requires_grad_(True) for t in inputs]
+                ref_out = dense(*ref_in, layer)
+                ref_out.square().sum().backward()
+                for name, a, b in zip(("output", "dq", "dk", "dv"), mine, [ref_out.detach()] + [t.grad for t in ref_in]):
+                    err = ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+                    if not err < 3e-2:
+                        return f"{types[layer]} {name} differs from dense attention by {err:.3g} (norm-relative)"
+    except Exception as exc:  # noqa: BLE001 - any failure of an optional kernel means: use the default one
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+    return None
+
+
+_AUTO: dict[tuple, str] = {}
+
+
+def auto_backend(device: torch.device, config) -> str:
+    """'auto': FlashAttention-4's kernels where they are installed, supported and pass ``probe_flash``;
+    else flex's Triton kernels on GPU and the dense mask on CPU. Decided once per device and shape."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "dense"
+    key = (str(device), config.head_dim, config.num_attention_heads, config.num_key_value_heads,
+           tuple(sorted(set(config.layer_types))), getattr(config, "sliding_window", None))
+    if key not in _AUTO:
+        reason = flash_unavailable(device, config.head_dim)
+        if reason is None:
+            reason = probe_flash(device, config)
+            if reason is not None:
+                warnings.warn(f"FlashAttention-4's kernels failed a first check ({reason}); the drafter's attention "
+                              "uses flex's Triton kernels instead (--attention flash raises the error itself)",
+                              stacklevel=2)
+        _AUTO[key] = "flash" if reason is None else "flex"
+        print("draftline: drafter attention on " + ("FlashAttention-4's kernels (flash-attn-4)" if reason is None else
+                                                    f"flex's Triton kernels (FlashAttention-4 not used: {reason})"),
+              flush=True)
+    return _AUTO[key]
+
+
 def make_attention(layout: BlockLayout, config, backend: str = "auto"):
     """The attention for ``layout`` with ``config``'s layer types: 'dense', 'flex', 'flash' or 'auto'."""
     layer_types = list(config.layer_types)
     window = config.sliding_window if "sliding_attention" in layer_types else None
     scale = config.head_dim**-0.5
     if backend == "auto":
-        backend = "flex" if layout.context_doc.is_cuda else "dense"
+        backend = auto_backend(layout.context_doc.device, config)
+    if backend == "flash":
+        reason = flash_unavailable(layout.context_doc.device, config.head_dim)
+        if reason is not None:
+            from draftline.errors import DraftlineError
+
+            raise DraftlineError(f"engine.attention 'flash' (--attention flash) cannot run here: {reason}; "
+                                 "use --attention auto or flex")
     if backend == "dense":
         return DenseAttention(layout, layer_types, window, scale)
     if backend in FLEX_KERNELS:
