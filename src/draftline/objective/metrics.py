@@ -25,21 +25,24 @@ def pass_metrics(
     num_anchors: int,
     block_size: int,
 ) -> torch.Tensor:
-    """The metrics vector of one pass; ``correct`` is the top-1 hit of each labelled row."""
+    """The metrics vector of one pass; ``correct`` is the top-1 hit of each labelled row.
+
+    Host numbers enter through ``fill_``/``index_fill_`` (a kernel argument): assigning a Python
+    number into a CUDA tensor copies it from the host and synchronises the stream."""
     device = correct.device
     out = torch.zeros(metrics_size(block_size), dtype=torch.float64, device=device)
     hits = torch.zeros(num_anchors * block_size, dtype=torch.float64, device=device)
     hits[label_rows] = correct.double()
     count = torch.zeros_like(hits)
-    count[label_rows] = 1.0
+    count.index_fill_(0, label_rows, 1.0)
     hits = hits.view(num_anchors, block_size)
     # Expected acceptance of a block: 1 + sum_k prod_{i<=k} hit_i. An unlabelled slot counts as a
     # miss, which under-estimates blocks that run into a document's end.
     accept = 1.0 + torch.cumprod(hits[:, 1:], dim=1).sum(dim=1)
     out[LOSS_SUM] = loss_sum.double()
     out[WEIGHT_SUM] = label_weights.double().sum()
-    out[NUM_LABELS] = float(label_rows.shape[0])
-    out[NUM_BLOCKS] = float(num_anchors)
+    out[NUM_LABELS].fill_(float(label_rows.shape[0]))
+    out[NUM_BLOCKS].fill_(float(num_anchors))
     out[ACCEPT_SUM] = accept.sum()
     out[_HEAD : _HEAD + block_size] = hits.sum(0)
     out[_HEAD + block_size :] = count.view(num_anchors, block_size).sum(0)

@@ -244,7 +244,7 @@ class DrafterWorker:
 
     def _finish_step(self) -> bool:
         start = time.perf_counter()
-        self._vector[-1] = 1.0 if self.stop_requested() else 0.0
+        self._vector[-1].fill_(1.0 if self.stop_requested() else 0.0)  # fill_: no host-to-device copy (sync)
         vector = self.sync.all_reduce(self._vector.clone())
         weight = vector[WEIGHT_SUM]
         scale = (1.0 / weight.clamp_min(1e-12)).float()
