@@ -41,6 +41,7 @@ import torch
 
 from draftline.config import OptimConfig
 from draftline.data.batch import PackedBatch
+from draftline.model.attention import auto_backend
 from draftline.model.config import build_drafter_config
 from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import TargetFeatures
@@ -220,22 +221,43 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
     reset_peak(device)
     flops_before = worker.counters.flops
     times, tokens, samples = [], 0, 0
+    # As the drafter role runs: no host sync between steps but the worker's own (one per step, before
+    # AdamW), so the host prepares a batch while the GPU still works on the last one. A step's time
+    # is then the GPU timeline between the ends of consecutive steps (CUDA events), idle gaps
+    # included. --sync-each-step times each step alone between two device syncs (the older protocol).
+    pipelined = device.type == "cuda" and not args.sync_each_step
+    sync(device)
+    start_all = time.perf_counter()
+    marks = [torch.cuda.Event(enable_timing=True)] if pipelined else []
+    if pipelined:
+        marks[0].record()
     for b in batches[2:]:
         d = delivery(b)
-        sync(device)
-        start = time.perf_counter()
+        if not pipelined:
+            sync(device)
+            start = time.perf_counter()
         worker.train_on(d)
         worker.finish_step()
-        sync(device)
-        times.append(time.perf_counter() - start)
+        if pipelined:
+            marks.append(torch.cuda.Event(enable_timing=True))
+            marks[-1].record()
+        else:
+            sync(device)
+            times.append(time.perf_counter() - start)
         tokens += d.batch.num_tokens
         samples += d.batch.num_docs
         del d
-    wall = sum(times)
+    sync(device)
+    if pipelined:
+        times = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
+        wall = time.perf_counter() - start_all
+    else:
+        wall = sum(times)
     flops = worker.counters.flops - flops_before
     per_sample = statistics.median(t / b.num_docs for t, b in zip(times, batches[2:]))
+    kernel = args.attention if args.attention != "auto" else auto_backend(device, cfg)
     rows.append(row(name, "drafter", tokens / wall, samples / wall, flops / wall, peak, peak_gib(device),
-                    extra=f"{1000 * wall / samples:.0f} ms/sample (median {1000 * per_sample:.0f})",
+                    extra=f"{1000 * wall / samples:.0f} ms/sample (median {1000 * per_sample:.0f}); attention {kernel}",
                     reserved=reserved_gib(device)))
     del worker, embed, head
 
@@ -279,6 +301,10 @@ def main() -> int:
     parser.add_argument("--no-compile", action="store_true", help="drafter and target layers eager (no torch.compile)")
     parser.add_argument("--attention", default="auto", choices=["auto", "flex", "flash", "dense"],
                         help="the drafter's attention ('flash': flex on FlashAttention-4's kernels)")
+    parser.add_argument("--flex-options", type=json.loads, default=None,
+                        help="JSON kernel options for flex's Triton kernels (e.g. block sizes), to compare with the default")
+    parser.add_argument("--sync-each-step", action="store_true",
+                        help="time each drafter step alone between device syncs (default: steps back to back, as trained)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["target", "drafter-3072", "drafter-packed"])
     parser.add_argument("--line", action="store_true", help="also run `draftline train` colocated")
     parser.add_argument("--line-steps", type=int, default=40)
@@ -290,6 +316,10 @@ def main() -> int:
     parser.add_argument("--workdir", help="where --line keeps its target and data (reused if present)")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     args = parser.parse_args()
+    if args.flex_options:
+        from draftline.model import attention
+
+        attention.FLEX_KERNELS["flex"] = args.flex_options
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     peak = resolve_peak(device, dtype)
@@ -297,6 +327,8 @@ def main() -> int:
     rows: list[dict] = []
     cfg = build_drafter_config(target_config(args.shape), num_hidden_layers=5, block_size=16)
     drafter = f"{args.shape} drafter" + ("" if args.attention == "auto" else f" ({args.attention})")
+    drafter += " (tuned flex)" if args.flex_options else ""
+    drafter += " (synced steps)" if args.sync_each_step else ""
     steps = [
         ("target", lambda: bench_target(args, device, dtype, peak, rows)),
         ("drafter-3072", lambda: bench_drafter(

@@ -13,6 +13,10 @@ step (torch.profiler). Variants (comma-separated, each a '+'-joined set of optio
   ckpt         activation checkpointing of every decoder layer
   chunk2048    2,048 rows of logits per head chunk (default 4,096)
   packed       the packed 32K-token workload instead of 1 x 3,072 tokens
+  flash        the drafter's attention on FlashAttention-4's kernels (``--attention flash``)
+With ``--detail`` the profiled step also reports where the GPU sat idle (gaps between kernels, and
+the CUDA runtime calls the host spent its time in) and every host-device synchronisation the step
+makes (``torch.cuda.set_sync_debug_mode``), by draftline source line.
 """
 
 from __future__ import annotations
@@ -121,10 +125,80 @@ def kernel_report(worker, delivery, top: int) -> tuple[list[str], dict]:
         groups[kind] += e.device_time_total / 1e3
     for kind, ms in groups.most_common():
         lines.append(f"  {kind:28s} {ms:8.1f} ms")
+    lines += idle_report(prof, wall)
     lines.append("  top kernels:")
     for e in sorted(events, key=lambda e: -e.device_time_total)[:top]:
         lines.append(f"  {e.device_time_total / 1e3:8.2f} ms  x{e.count:4d}  {e.key[:110]}")
     return lines, {"wall_ms": 1000 * wall, "kernel_ms": 1000 * kernel_total, "groups_ms": dict(groups)}
+
+
+def idle_report(prof, wall: float) -> list[str]:
+    """GPU busy time (the union of kernel intervals) against wall time, the largest gaps, and the CUDA
+    runtime calls by total host time (a long cudaStreamSynchronize is the host waiting for the GPU)."""
+    events = prof.events()
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+    if not spans:
+        return ["  no kernel intervals recorded"]
+    busy, gaps = 0.0, []
+    lo, hi = spans[0]
+    for start, end in spans[1:]:
+        if start > hi:
+            busy += hi - lo
+            gaps.append((start - hi, hi))
+            lo, hi = start, end
+        else:
+            hi = max(hi, end)
+    busy += hi - lo
+    first = spans[0][0]
+    lines = [f"  GPU busy {busy / 1e3:.1f} ms (union of kernels) from first to last kernel "
+             f"{(hi - spans[0][0]) / 1e3:.1f} ms; wall {1e3 * wall:.1f} ms; "
+             f"{len(gaps)} gaps, {sum(g for g, _ in gaps) / 1e3:.1f} ms idle between kernels"]
+    for gap, at in sorted(gaps, reverse=True)[:8]:
+        cpu = [e.name for e in events if e.device_type.name == "CPU" and e.time_range.start <= at + gap
+               and e.time_range.end >= at and e.name.startswith(("cuda", "aten::", "Torch-Compiled", "CompiledFunction",
+                                                                "## ", "flex", "Optimizer", "autograd"))]
+        lines.append(f"    gap {gap / 1e3:6.2f} ms at +{(at - first) / 1e3:7.1f} ms; host in: "
+                     f"{', '.join(list(dict.fromkeys(cpu))[:6])[:200]}")
+    runtime = collections.Counter()
+    counts = collections.Counter()
+    for e in events:
+        if e.device_type.name == "CPU" and e.name.startswith("cuda"):
+            runtime[e.name] += e.time_range.end - e.time_range.start
+            counts[e.name] += 1
+    lines.append("  CUDA runtime calls (host ms, count): " + "; ".join(
+        f"{name} {us / 1e3:.1f} x{counts[name]}" for name, us in runtime.most_common(6)))
+    return lines
+
+
+def sync_report(worker, delivery) -> list[str]:
+    """Every synchronising CUDA call of one step, by the draftline line that made it."""
+    import warnings
+
+    where: collections.Counter = collections.Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if "draftline" in f.filename or "bench" in f.filename]
+        key = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames[-3:])) or "?"
+        where[f"{str(message)[:60]} | {key}"] += 1
+
+    torch.cuda.synchronize()
+    old = warnings.showwarning
+    warnings.showwarning = record
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                worker.train_on(delivery)
+                worker.finish_step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        warnings.showwarning = old
+    torch.cuda.synchronize()
+    return [f"host-device syncs in one step: {sum(where.values())}"] + [f"  x{n:3d}  {k}" for k, n in where.most_common(12)]
 
 
 def run_variant(name: str, args, device, dtype, peak) -> dict:
@@ -141,7 +215,7 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
     head = torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02
     try:
         worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head,
-                             compile_layers="compile" in opts)
+                             compile_layers="compile" in opts, attention="flash" if "flash" in opts else "auto")
     except TypeError:  # an older make_worker (the main branch's bench_line): never compiles itself
         worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head)
         if "compile" in opts:
@@ -199,6 +273,10 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
             result["saved_tensors"] = [f"failed: {exc!r}"[:300]]
     if args.detail:
         try:
+            result["syncs"] = sync_report(worker, deliveries[-1])
+        except Exception as exc:  # noqa: BLE001
+            result["syncs"] = [f"sync report failed: {exc!r}"[:300]]
+        try:
             result["kernels"], result["kernel_summary"] = kernel_report(worker, deliveries[-1], args.top)
         except Exception as exc:  # noqa: BLE001
             result["kernels"] = [f"failed: {exc!r}"[:300]]
@@ -233,10 +311,10 @@ def main() -> int:
         res["tag"] = args.tag
         res["total_s"] = time.perf_counter() - t0
         results.append(res)
-        for line in res.get("saved_tensors", []) + res.get("kernels", []):
+        for line in res.get("saved_tensors", []) + res.get("syncs", []) + res.get("kernels", []):
             print(line)
         brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()
-                 if k not in ("saved_tensors", "kernels", "kernel_summary")}
+                 if k not in ("saved_tensors", "syncs", "kernels", "kernel_summary")}
         print(json.dumps(brief))
         sys.stdout.flush()
         if args.out:
