@@ -295,7 +295,9 @@ def test_flash_probe_compares_with_dense_attention(monkeypatch):
             return self.factor * super().__call__(q, k, v, layer)
 
     monkeypatch.setattr(attention, "FlexAttention", Standin)
+    state = torch.random.get_rng_state()
     assert attention.probe_flash(torch.device("cpu"), _tiny_config()) is None
+    assert torch.equal(torch.random.get_rng_state(), state)  # the run's random state is not touched
     Standin.factor = 1.1
     reason = attention.probe_flash(torch.device("cpu"), _tiny_config())
     assert reason is not None and "differs from dense attention" in reason and "output" in reason

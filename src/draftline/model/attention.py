@@ -365,7 +365,7 @@ def probe_flash(device: torch.device, config) -> str | None:
 
     Returns why it failed (a lowering error, or outputs/gradients off by more than bf16 rounding
     allows), None when it passed. Its compiled kernels serve the real passes after it."""
-    torch.manual_seed(0)
+    generator = torch.Generator(device=device).manual_seed(0)  # the run's own random state stays untouched
     blocks, block = 16, 16
     layout = BlockLayout(torch.zeros(512, dtype=torch.long), torch.arange(512), torch.zeros(blocks, dtype=torch.long),
                          torch.arange(blocks) * 31 + 7, block).to(device)
@@ -379,7 +379,8 @@ def probe_flash(device: torch.device, config) -> str | None:
             flash = FlexAttention(layout, types, window, scale, kernel="flash")
             dense = DenseAttention(layout, types, window, scale)
             for layer in range(len(types)):
-                inputs = [torch.randn(1, h, n, config.head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+                inputs = [torch.randn(1, h, n, config.head_dim, device=device, generator=generator)
+                          .to(torch.bfloat16).requires_grad_(True)
                           for h, n in ((heads, rows), (kv_heads, keys), (kv_heads, keys))]
                 out = flash(*inputs, layer)
                 out.float().square().sum().backward()
