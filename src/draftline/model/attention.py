@@ -410,12 +410,12 @@ def auto_backend(device: torch.device, config) -> str:
            tuple(sorted(set(config.layer_types))), getattr(config, "sliding_window", None))
     if key not in _AUTO:
         reason = flash_unavailable(device, config.head_dim)
-        if reason is None:
-            reason = probe_flash(device, config)
-            if reason is not None:
-                warnings.warn(f"FlashAttention-4's kernels failed a first check ({reason}); the drafter's attention "
-                              "uses flex's Triton kernels instead (--attention flash raises the error itself)",
-                              stacklevel=2)
+        if reason is None and (failed := probe_flash(device, config)) is not None:
+            warnings.warn(f"FlashAttention-4's kernels failed a first check ({failed}); the drafter's attention "
+                          "uses flex's Triton kernels instead (--attention flash raises the error itself)",
+                          stacklevel=2)
+            _AUTO[key] = "flex"
+            return "flex"
         _AUTO[key] = "flash" if reason is None else "flex"
         print("draftline: drafter attention on " + ("FlashAttention-4's kernels (flash-attn-4)" if reason is None else
                                                     f"flex's Triton kernels (FlashAttention-4 not used: {reason})"),
