@@ -220,39 +220,35 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
     sync(device)
     reset_peak(device)
     flops_before = worker.counters.flops
-    times, tokens, samples = [], 0, 0
+    tokens, samples = 0, 0
     # As the drafter role runs: no host sync between steps but the worker's own (one per step, before
     # AdamW), so the host prepares a batch while the GPU still works on the last one. A step's time
     # is then the GPU timeline between the ends of consecutive steps (CUDA events), idle gaps
     # included. --sync-each-step times each step alone between two device syncs (the older protocol).
     pipelined = device.type == "cuda" and not args.sync_each_step
-    sync(device)
-    start_all = time.perf_counter()
-    marks = [torch.cuda.Event(enable_timing=True)] if pipelined else []
-    if pipelined:
-        marks[0].record()
-    for b in batches[2:]:
-        d = delivery(b)
+
+    def mark():  # a point on the GPU's timeline, or on the host's after a device sync
         if not pipelined:
             sync(device)
-            start = time.perf_counter()
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    sync(device)
+    starts, ends = [], [mark()]
+    for b in batches[2:]:
+        d = delivery(b)
+        starts.append(ends[-1] if pipelined else mark())  # synced: making the features is left out
         worker.train_on(d)
         worker.finish_step()
-        if pipelined:
-            marks.append(torch.cuda.Event(enable_timing=True))
-            marks[-1].record()
-        else:
-            sync(device)
-            times.append(time.perf_counter() - start)
+        ends.append(mark())
         tokens += d.batch.num_tokens
         samples += d.batch.num_docs
         del d
     sync(device)
-    if pipelined:
-        times = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
-        wall = time.perf_counter() - start_all
-    else:
-        wall = sum(times)
+    times = [a.elapsed_time(b) / 1e3 if pipelined else b - a for a, b in zip(starts, ends[1:])]
+    wall = sum(times)
     flops = worker.counters.flops - flops_before
     per_sample = statistics.median(t / b.num_docs for t, b in zip(times, batches[2:]))
     kernel = args.attention if args.attention != "auto" else auto_backend(device, cfg)

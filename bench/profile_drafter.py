@@ -183,20 +183,15 @@ def sync_report(worker, delivery) -> list[str]:
         where[f"{str(message)[:60]} | {key}"] += 1
 
     torch.cuda.synchronize()
-    old = warnings.showwarning
-    warnings.showwarning = record
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = record
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                worker.train_on(delivery)
-                worker.finish_step()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-    finally:
-        warnings.showwarning = old
+    with warnings.catch_warnings():  # restores showwarning and the filters afterwards
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            worker.train_on(delivery)
+            worker.finish_step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     return [f"host-device syncs in one step: {sum(where.values())}"] + [f"  x{n:3d}  {k}" for k, n in where.most_common(12)]
 
