@@ -45,6 +45,7 @@ from draftline.model.attention import auto_backend
 from draftline.model.config import build_drafter_config
 from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import TargetFeatures
+from draftline.monitor.clocks import ClockWatch
 from draftline.monitor.flops import TargetShape, resolve_peak, target_flops
 from draftline.monitor.peak import gpu_spec
 from draftline.objective.loss import DFlashObjective, ObjectiveSettings
@@ -167,18 +168,20 @@ def bench_target(args, device, dtype, peak, rows):
         warm_s = time.perf_counter() - t0
         reset_peak(device)
         times, flops, tokens, samples = [], 0.0, 0, 0
-        for b in batches[2:]:
-            start = time.perf_counter()
-            target(b)
-            sync(device)
-            times.append(time.perf_counter() - start)
-            flops += target_flops(shape, b.doc_lengths, max(ids) + 1)
-            tokens += b.num_tokens
-            samples += b.num_docs
+        with ClockWatch(device) as clock:
+            for b in batches[2:]:
+                start = time.perf_counter()
+                target(b)
+                sync(device)
+                times.append(time.perf_counter() - start)
+                flops += target_flops(shape, b.doc_lengths, max(ids) + 1)
+                tokens += b.num_tokens
+                samples += b.num_docs
         wall = sum(times)
         rows.append(row(f"{args.shape} target, packed {args.budget} tok, {variant}", "target", tokens / wall,
                         samples / wall, flops / wall, peak, peak_gib(device), reserved=reserved_gib(device),
-                        extra=f"ms/batch {', '.join(f'{1e3 * t:.0f}' for t in times)}; warm-up {warm_s:.0f} s"))
+                        extra=f"ms/batch {', '.join(f'{1e3 * t:.0f}' for t in times)}; warm-up {warm_s:.0f} s; "
+                              f"{clock.summary.text()}", clock=clock.summary, step_s=times))
     del target, model
     return drafter_cfg, layers
 
@@ -237,34 +240,42 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
 
     sync(device)
     starts, ends = [], [mark()]
-    for b in batches[2:]:
-        d = delivery(b)
-        starts.append(ends[-1] if pipelined else mark())  # synced: making the features is left out
-        worker.train_on(d)
-        worker.finish_step()
-        ends.append(mark())
-        tokens += d.batch.num_tokens
-        samples += d.batch.num_docs
-        del d
-    sync(device)
+    with ClockWatch(device) as clock:
+        for b in batches[2:]:
+            d = delivery(b)
+            starts.append(ends[-1] if pipelined else mark())  # synced: making the features is left out
+            worker.train_on(d)
+            worker.finish_step()
+            ends.append(mark())
+            tokens += d.batch.num_tokens
+            samples += d.batch.num_docs
+            del d
+        sync(device)
     times = [a.elapsed_time(b) / 1e3 if pipelined else b - a for a, b in zip(starts, ends[1:])]
     wall = sum(times)
     flops = worker.counters.flops - flops_before
     per_sample = statistics.median(t / b.num_docs for t, b in zip(times, batches[2:]))
     kernel = args.attention if args.attention != "auto" else auto_backend(device, cfg)
+    steps = ", ".join(f"{1e3 * t:.0f}" for t in times)
     rows.append(row(name, "drafter", tokens / wall, samples / wall, flops / wall, peak, peak_gib(device),
-                    extra=f"{1000 * wall / samples:.0f} ms/sample (median {1000 * per_sample:.0f}); attention {kernel}",
-                    reserved=reserved_gib(device)))
+                    extra=f"{1000 * wall / samples:.0f} ms/sample (median {1000 * per_sample:.0f}); attention {kernel}; "
+                          f"steps ms {steps}; {clock.summary.text()}",
+                    reserved=reserved_gib(device), clock=clock.summary, step_s=times))
     del worker, embed, head
 
 
 SPEC = {"flops": float("nan")}  # set in main() from the device name
 
 
-def row(workload, role, tok_s, samples_s, flops_s, peak, mem, extra="", reserved=float("nan")):
-    return {"workload": workload, "role": role, "tokens_s": tok_s, "samples_s": samples_s,
-            "tflops": flops_s / 1e12, "mfu": flops_s / (peak.ceiling or peak.flops), "mfu_spec": flops_s / SPEC["flops"],
-            "peak_gib": mem, "reserved_gib": reserved, "note": extra}
+def row(workload, role, tok_s, samples_s, flops_s, peak, mem, extra="", reserved=float("nan"), clock=None, step_s=None):
+    record = {"workload": workload, "role": role, "tokens_s": tok_s, "samples_s": samples_s,
+              "tflops": flops_s / 1e12, "mfu": flops_s / (peak.ceiling or peak.flops), "mfu_spec": flops_s / SPEC["flops"],
+              "peak_gib": mem, "reserved_gib": reserved, "note": extra}
+    if step_s is not None:
+        record["step_ms"] = [round(1e3 * t, 2) for t in step_s]
+    if clock is not None:
+        record.update(clock.to_record())
+    return record
 
 
 def print_table(rows, peak, out: Path | None):

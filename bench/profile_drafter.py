@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_line import lognormal_lengths, make_worker, packed_batch, target_config  # noqa: E402
 
 from draftline.model.config import build_drafter_config  # noqa: E402
+from draftline.monitor.clocks import ClockWatch  # noqa: E402
 from draftline.monitor.flops import resolve_peak  # noqa: E402
 from draftline.pipeline.transport import Delivery  # noqa: E402
 
@@ -240,13 +241,14 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
     torch.cuda.reset_peak_memory_stats()
     flops0 = worker.counters.flops
     times, samples = [], 0
-    for d in deliveries[args.warmup :]:
-        start = time.perf_counter()
-        worker.train_on(d)
-        worker.finish_step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        samples += d.batch.num_docs
+    with ClockWatch(device) as clock:
+        for d in deliveries[args.warmup :]:
+            start = time.perf_counter()
+            worker.train_on(d)
+            worker.finish_step()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            samples += d.batch.num_docs
     per_sample = [t / d.batch.num_docs for t, d in zip(times, deliveries[args.warmup :])]
     flops = worker.counters.flops - flops0
     result.update(
@@ -258,6 +260,8 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
         peak_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
         peak_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
         samples=samples,
+        clock=clock.summary.text(),
+        **clock.summary.to_record(),
     )
     if "packed" not in opts:
         result["phases_gib"] = phase_memory(worker, deliveries[-1], device, dtype)

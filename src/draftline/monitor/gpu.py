@@ -52,7 +52,8 @@ class GpuStats:
 _nvml: Any = None
 
 
-def _nvml_module() -> Any:
+def nvml_module() -> Any:
+    """The initialised ``pynvml`` module, or None where it is not installed or NVML fails (tried once)."""
     global _nvml
     if _nvml is None:
         try:
@@ -65,7 +66,7 @@ def _nvml_module() -> Any:
     return _nvml or None
 
 
-def _nvml_handle(nvml: Any, index: int) -> Any:
+def nvml_handle(nvml: Any, index: int) -> Any:
     """NVML's handle for torch device ``index``.
 
     NVML numbers all of the host's GPUs while torch numbers the ones CUDA_VISIBLE_DEVICES shows,
@@ -91,11 +92,11 @@ def _nvml_handle(nvml: Any, index: int) -> Any:
 
 
 def _nvml_stats(index: int, name: str) -> GpuStats | None:
-    nvml = _nvml_module()
+    nvml = nvml_module()
     if nvml is None:
         return None
     try:
-        handle = _nvml_handle(nvml, index)
+        handle = nvml_handle(nvml, index)
         if handle is None:
             return None
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)

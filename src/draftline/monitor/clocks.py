@@ -1,0 +1,183 @@
+"""What the GPU's clock did while something was timed: SM clock, power, temperature, and the reasons
+NVML gives for holding the clock back (power cap, heat, ...), sampled in a thread.
+
+The same code runs a step at different speeds on machines of one kind, and on one machine from one
+minute to the next; a timing with these figures beside it says whether the clock moved. NVML comes
+from the optional ``nvidia-ml-py`` package (``pynvml``); without it, or on CPU, a watch records
+nothing and says "n/a". Nothing here raises into the timed code.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from draftline.monitor.gpu import nvml_handle, nvml_module
+
+# NVML's clock-event ("throttle") reason bits, as nvml.h numbers them.
+REASONS = {
+    0x1: "idle",
+    0x2: "application clocks",
+    0x4: "power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "thermal (software)",
+    0x40: "thermal (hardware)",
+    0x80: "power brake",
+    0x100: "display clocks",
+}
+
+
+@dataclass
+class ClockSample:
+    sm_mhz: float
+    power_w: float | None
+    temperature_c: float | None
+    reasons: int
+    """NVML's clock-event reason bits at that moment (0: running at the clock it asked for)."""
+
+
+@dataclass
+class ClockSummary:
+    """The samples of one watched span; figures are None where NVML did not give them."""
+
+    samples: list[ClockSample] = field(default_factory=list)
+    max_sm_mhz: float | None = None
+    """The device's maximum SM clock (NVML), for scale."""
+
+    def sm_median(self) -> float | None:
+        return statistics.median(s.sm_mhz for s in self.samples) if self.samples else None
+
+    def reason_shares(self) -> dict[str, float]:
+        """Share of the samples in which each reason held the clock back (idle left out)."""
+        shares = {}
+        for bit, name in REASONS.items():
+            if bit == 0x1 or not self.samples:
+                continue
+            hits = sum(1 for s in self.samples if s.reasons & bit)
+            if hits:
+                shares[name] = hits / len(self.samples)
+        return shares
+
+    def to_record(self) -> dict[str, Any]:
+        if not self.samples:
+            return {"clock_samples": 0}
+        powers = [s.power_w for s in self.samples if s.power_w is not None]
+        temps = [s.temperature_c for s in self.samples if s.temperature_c is not None]
+        return {
+            "clock_samples": len(self.samples),
+            "sm_mhz_median": self.sm_median(),
+            "sm_mhz_min": min(s.sm_mhz for s in self.samples),
+            "sm_mhz_max_device": self.max_sm_mhz,
+            "power_w_median": statistics.median(powers) if powers else None,
+            "temperature_c_max": max(temps) if temps else None,
+            "clock_reasons": self.reason_shares(),
+        }
+
+    def text(self) -> str:
+        """One line, e.g. "SM 1,755 MHz median (min 1,620; max 1,980); 690 W; 78 C; held back by power cap 60%"."""
+        if not self.samples:
+            return "clock n/a"
+        record = self.to_record()
+        parts = [f"SM {record['sm_mhz_median']:,.0f} MHz median (min {record['sm_mhz_min']:,.0f}"
+                 + (f"; max {self.max_sm_mhz:,.0f})" if self.max_sm_mhz else ")")]
+        if record["power_w_median"] is not None:
+            parts.append(f"{record['power_w_median']:.0f} W")
+        if record["temperature_c_max"] is not None:
+            parts.append(f"{record['temperature_c_max']:.0f} C")
+        reasons = record["clock_reasons"]
+        parts.append("held back by " + ", ".join(f"{k} {v:.0%}" for k, v in reasons.items()) if reasons
+                     else "not held back")
+        return "; ".join(parts)
+
+
+def _read(nvml: Any, handle: Any) -> ClockSample:
+    sm = float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+    try:
+        power = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+    except Exception:
+        power = None
+    try:
+        temperature = float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+    except Exception:
+        temperature = None
+    reasons_of = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+    try:
+        reasons = int(reasons_of(handle)) if reasons_of else 0
+    except Exception:
+        reasons = 0
+    return ClockSample(sm, power, temperature, reasons)
+
+
+class ClockWatch:
+    """Samples ``device``'s clock every ``period_s`` between ``start()`` and ``stop()`` (also as a
+    context manager; the summary is then ``watch.summary``).
+
+    The thread only reads NVML (no CUDA call), so it neither syncs nor slows the GPU work it watches.
+    """
+
+    def __init__(self, device: torch.device | str | int, period_s: float = 0.1):
+        self.period_s = period_s
+        self.summary = ClockSummary()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml, self._handle = None, None
+        try:
+            device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+            if device.type == "cuda" and torch.cuda.is_available():
+                nvml = nvml_module()
+                index = device.index if device.index is not None else torch.cuda.current_device()
+                handle = nvml_handle(nvml, index) if nvml is not None else None
+                if handle is not None:
+                    self._nvml, self._handle = nvml, handle
+                    self.summary.max_sm_mhz = float(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
+        except Exception:
+            self._nvml = self._handle = None
+
+    @classmethod
+    def of_handle(cls, nvml: Any, handle: Any, period_s: float = 0.1) -> ClockWatch:
+        """A watch on an NVML handle given directly (tests, or a device torch does not see)."""
+        watch = cls("cpu", period_s)
+        watch._nvml, watch._handle = nvml, handle
+        try:
+            watch.summary.max_sm_mhz = float(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
+        except Exception:
+            pass
+        return watch
+
+    @property
+    def available(self) -> bool:
+        return self._handle is not None
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.summary.samples.append(_read(self._nvml, self._handle))
+            except Exception:
+                pass
+            if self._stop.wait(self.period_s):
+                return
+
+    def start(self) -> ClockWatch:
+        if self.available and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="draftline-clock-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> ClockSummary:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        return self.summary
+
+    def __enter__(self) -> ClockWatch:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
