@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from draftline.monitor.clocks import ClockSample, ClockSummary, ClockWatch
+from draftline.monitor.clocks import ClockSummary, ClockWatch
+from draftline.monitor.gpu import ClockReading
 
 
 class FakeNvml:
@@ -61,7 +62,7 @@ def test_watch_samples_and_summarises_power_capping():
 
 
 def test_summary_not_held_back_and_idle_left_out():
-    summary = ClockSummary([ClockSample(1980, 500.0, 50, 0x1), ClockSample(1980, 510.0, 51, 0)], max_sm_mhz=1980)
+    summary = ClockSummary([ClockReading(1980, 500.0, 50, 0x1), ClockReading(1980, 510.0, 51, 0)], max_sm_mhz=1980)
     assert summary.reason_shares() == {}
     assert summary.text().endswith("not held back")
 
@@ -80,7 +81,7 @@ def test_old_nvml_throttle_name_and_missing_power():
     while not watch.summary.samples and time.monotonic() < deadline:
         time.sleep(0.002)
     summary = watch.stop()
-    assert summary.samples[0] == ClockSample(1500.0, None, 40.0, 0x8)
+    assert summary.samples[0] == ClockReading(1500.0, None, 40.0, 0x8)
     assert summary.to_record()["power_w_median"] is None
     assert "hardware slowdown 100%" in summary.text() and " W;" not in summary.text()
 

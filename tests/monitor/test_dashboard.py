@@ -21,7 +21,8 @@ def test_panel_shows_the_numbers(busy_status):
     for expected in ("step 1,234/10,000", "epoch 2/6", "ETA 1h02m", "20.2", "7.14", "312", "39.6%",
                      "989 TFLOP/s", "spec dense bf16", "49.7% of ceiling", "788 TFLOP/s", "3/50 12/50", "0/20", "1.25 batches/s",
                      "wait 35%", "drafters wait 35% of the time", "2.3456", "0.412", "tau 1.87 (eval @1200)", "tf-acc 3.21", "6.00e-04",
-                     "skipped 2", "82 71 60 --", "61.2/139.8 GiB", "97%", "drafter", "n/a"):
+                     "skipped 2", "82 71 60 --", "61.2/139.8 GiB", "97%", "drafter", "n/a", "SM clock",
+                     "1,755/1,980 MHz, power cap"):
         assert expected in text, expected
 
 
@@ -36,7 +37,8 @@ def test_plain_mode_prints_one_line_per_update(busy_status):
     assert len(lines) == 3
     assert lines[1].startswith("step 1,234/10,000") and lines[2].startswith("step 1,235/10,000")
     for expected in ("20.2 Ktok/s", "MFU 39.6%", "q_hs 0/20", "drafters 1.10 b/s wait 35%", "loss 2.3456",
-                     "tau 1.87 (eval @1200) tf-acc 3.21", "ETA 1h02m", "add targets"):
+                     "tau 1.87 (eval @1200) tf-acc 3.21", "ETA 1h02m", "add targets",
+                     "[0:target 61.2/139.8 GiB 97% 1,755/1,980 MHz, power cap]"):
         assert expected in lines[1], expected
     assert status_line(busy_status) == lines[1]
 

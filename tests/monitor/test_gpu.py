@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftline.monitor.gpu import GpuStats, device_stats, local_gpu_stats
+import draftline.monitor.gpu as gpu_module
+from draftline.monitor.gpu import GpuStats, device_stats, local_gpu_stats, reason_names
 
 
 def test_cpu_device_gives_n_a():
@@ -13,7 +14,9 @@ def test_cpu_device_gives_n_a():
     assert stats.name == "cpu"
     assert stats.memory_text() == "n/a" and stats.util_text() == "n/a"
     assert stats.to_record() == {"rank": None, "role": None, "name": "cpu", "mem_used_gib": None,
-                                 "mem_total_gib": None, "util": None}
+                                 "mem_total_gib": None, "util": None, "sm_mhz": None, "max_sm_mhz": None,
+                                 "power_w": None, "clock_reasons": None}
+    assert stats.clock_text() == "n/a"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without GPUs")
@@ -26,6 +29,67 @@ def test_no_gpu_machine():
 def test_formatting():
     stats = GpuStats("NVIDIA H200", 61.24, 139.8, 0.973)
     assert stats.memory_text() == "61.2/139.8 GiB" and stats.util_text() == "97%"
+    stats.sm_mhz, stats.max_sm_mhz, stats.clock_reasons = 1755.0, 1980.0, ["power cap"]
+    assert stats.clock_text() == "1,755/1,980 MHz, power cap"
+    stats.sm_mhz, stats.clock_reasons = 1980.0, []
+    assert stats.clock_text() == "1,980/1,980 MHz"
+    assert GpuStats(**stats.to_record()).clock_text() == "1,980/1,980 MHz"  # a peer's record rebuilds it
+
+
+def test_reason_names_leave_idle_out():
+    assert reason_names(0x1) == []
+    assert reason_names(0x1 | 0x4 | 0x40) == ["power cap", "thermal (hardware)"]
+
+
+class _Memory:
+    used, total = 61 * 2**30, 140 * 2**30
+
+
+class _Util:
+    gpu = 97
+
+
+class FakeNvml:
+    NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
+
+    def __init__(self, clock_fails=False):
+        self.clock_fails = clock_fails
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return _Memory()
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return _Util()
+
+    def nvmlDeviceGetClockInfo(self, handle, kind):
+        if self.clock_fails:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return 1620
+
+    def nvmlDeviceGetMaxClockInfo(self, handle, kind):
+        return 1980
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 699_500
+
+    def nvmlDeviceGetTemperature(self, handle, kind):
+        return 80
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return 0x4 | 0x20
+
+
+@pytest.mark.parametrize("clock_fails", [False, True])
+def test_nvml_stats_carry_the_clock(monkeypatch, clock_fails):
+    monkeypatch.setattr(gpu_module, "nvml_module", lambda: FakeNvml(clock_fails))
+    monkeypatch.setattr(gpu_module, "nvml_handle", lambda nvml, index: "gpu0")
+    stats = gpu_module._nvml_stats(0, "NVIDIA H200")
+    assert stats.memory_text() == "61.0/140.0 GiB" and stats.util_text() == "97%"  # memory stays either way
+    if clock_fails:
+        assert stats.clock_text() == "n/a"
+    else:
+        assert stats.clock_text() == "1,620/1,980 MHz, power cap, thermal (software)"
+        assert stats.to_record()["power_w"] == 699.5
 
 
 @pytest.mark.gpu
@@ -33,3 +97,5 @@ def test_cuda_device_has_memory():
     stats = device_stats(torch.device("cuda", 0))
     assert stats.mem_total_gib and stats.mem_total_gib > 1
     assert len(local_gpu_stats()) == torch.cuda.device_count()
+    if gpu_module.nvml_module() is not None:  # nvidia-ml-py installed: the clock is read too
+        assert 0 < stats.sm_mhz <= stats.max_sm_mhz and isinstance(stats.clock_reasons, list)

@@ -16,36 +16,14 @@ from typing import Any
 
 import torch
 
-from draftline.monitor.gpu import nvml_handle, nvml_module
-
-# NVML's clock-event ("throttle") reason bits, as nvml.h numbers them.
-REASONS = {
-    0x1: "idle",
-    0x2: "application clocks",
-    0x4: "power cap",
-    0x8: "hardware slowdown",
-    0x10: "sync boost",
-    0x20: "thermal (software)",
-    0x40: "thermal (hardware)",
-    0x80: "power brake",
-    0x100: "display clocks",
-}
-
-
-@dataclass
-class ClockSample:
-    sm_mhz: float
-    power_w: float | None
-    temperature_c: float | None
-    reasons: int
-    """NVML's clock-event reason bits at that moment (0: running at the clock it asked for)."""
+from draftline.monitor.gpu import CLOCK_REASONS, ClockReading, nvml_handle, nvml_module, read_clock
 
 
 @dataclass
 class ClockSummary:
     """The samples of one watched span; figures are None where NVML did not give them."""
 
-    samples: list[ClockSample] = field(default_factory=list)
+    samples: list[ClockReading] = field(default_factory=list)
     max_sm_mhz: float | None = None
     """The device's maximum SM clock (NVML), for scale."""
 
@@ -55,7 +33,7 @@ class ClockSummary:
     def reason_shares(self) -> dict[str, float]:
         """Share of the samples in which each reason held the clock back (idle left out)."""
         shares = {}
-        for bit, name in REASONS.items():
+        for bit, name in CLOCK_REASONS.items():
             if bit == 0x1 or not self.samples:
                 continue
             hits = sum(1 for s in self.samples if s.reasons & bit)
@@ -93,25 +71,6 @@ class ClockSummary:
         parts.append("held back by " + ", ".join(f"{k} {v:.0%}" for k, v in reasons.items()) if reasons
                      else "not held back")
         return "; ".join(parts)
-
-
-def _read(nvml: Any, handle: Any) -> ClockSample:
-    sm = float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
-    try:
-        power = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
-    except Exception:
-        power = None
-    try:
-        temperature = float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
-    except Exception:
-        temperature = None
-    reasons_of = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
-    try:
-        reasons = int(reasons_of(handle)) if reasons_of else 0
-    except Exception:
-        reasons = 0
-    return ClockSample(sm, power, temperature, reasons)
 
 
 class ClockWatch:
@@ -157,7 +116,7 @@ class ClockWatch:
     def _run(self) -> None:
         while True:
             try:
-                self.summary.samples.append(_read(self._nvml, self._handle))
+                self.summary.samples.append(read_clock(self._nvml, self._handle))
             except Exception:
                 pass
             if self._stop.wait(self.period_s):

@@ -126,12 +126,12 @@ def render_panel(status: LineStatus) -> Panel:
     training.add_row("acc % by slot", _acc_row(status) or "n/a")
 
     gpus = Table(box=None, padding=(0, 2), show_edge=False)
-    for name in ("rank", "role", "device", "memory", "util"):
+    for name in ("rank", "role", "device", "memory", "util", "SM clock"):
         gpus.add_column(name, style="bold" if name == "rank" else None)
     for gpu in status.gpus:
-        gpus.add_row(_opt(gpu.rank), _opt(gpu.role), gpu.name, gpu.memory_text(), gpu.util_text())
+        gpus.add_row(_opt(gpu.rank), _opt(gpu.role), gpu.name, gpu.memory_text(), gpu.util_text(), gpu.clock_text())
     if not status.gpus:
-        gpus.add_row("-", "-", "no GPU", "n/a", "n/a")
+        gpus.add_row("-", "-", "no GPU", "n/a", "n/a", "n/a")
 
     title = f"draftline · {_steps(status)} · {_epoch(status)} · ETA {format_duration(status.eta_s)}"
     body = Group(
@@ -161,7 +161,7 @@ def _opt(value: object) -> str:
 def status_line(status: LineStatus) -> str:
     """The status as one plain line, for logs."""
     gpus = " ".join(
-        f"[{_opt(g.rank)}:{_opt(g.role)} {g.memory_text()} {g.util_text()}]" for g in status.gpus
+        f"[{_opt(g.rank)}:{_opt(g.role)} {g.memory_text()} {g.util_text()} {g.clock_text()}]" for g in status.gpus
     ) or "n/a"
     return (
         f"{_steps(status)} {_epoch(status)} | {_num(status.ktok_s, '.1f')} Ktok/s "

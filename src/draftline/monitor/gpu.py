@@ -1,7 +1,7 @@
-"""Memory and utilisation per GPU, for the status panel.
+"""Memory, utilisation and clock per GPU, for the status panel.
 
 Sources, best first: NVML (``pynvml`` from the optional ``nvidia-ml-py`` package: device-wide
-memory like nvidia-smi, and utilisation), then ``torch.cuda.mem_get_info`` (memory only), then
+memory like nvidia-smi, utilisation, and the SM clock with what holds it back), then ``torch.cuda.mem_get_info`` (memory only), then
 nothing ("n/a"). Nothing here raises: a monitor that crashes the run it watches is worse than a
 blank cell.
 """
@@ -33,11 +33,20 @@ class GpuStats:
     """Global rank that reported it; set by the caller."""
     role: str | None = None
     """``"target"``, ``"drafter"`` or ``"colocated"``; set by the caller."""
+    sm_mhz: float | None = None
+    """SM clock now (NVML), MHz."""
+    max_sm_mhz: float | None = None
+    """The device's maximum SM clock (NVML), MHz."""
+    power_w: float | None = None
+    """Power draw now (NVML), W."""
+    clock_reasons: list[str] | None = None
+    """What holds the clock back now (NVML's clock-event reasons, idle left out): [] for nothing."""
 
     def to_record(self) -> dict[str, Any]:
-        """The metrics.jsonl entry: ``{rank, role, name, mem_used_gib, mem_total_gib, util}``."""
+        """The metrics.jsonl entry: ``{rank, role, name, mem_used_gib, mem_total_gib, util, sm_mhz, max_sm_mhz,
+        power_w, clock_reasons}``."""
         record = asdict(self)
-        return {key: record[key] for key in ("rank", "role", "name", "mem_used_gib", "mem_total_gib", "util")}
+        return {key: record[key] for key in RECORD_KEYS}
 
     def memory_text(self) -> str:
         if self.mem_used_gib is None or self.mem_total_gib is None:
@@ -46,6 +55,64 @@ class GpuStats:
 
     def util_text(self) -> str:
         return "n/a" if self.util is None else f"{self.util:.0%}"
+
+    def clock_text(self) -> str:
+        """E.g. "1,755/1,980 MHz, power cap" (held back) or "1,980/1,980 MHz"."""
+        if self.sm_mhz is None:
+            return "n/a"
+        text = f"{self.sm_mhz:,.0f}" + (f"/{self.max_sm_mhz:,.0f}" if self.max_sm_mhz else "") + " MHz"
+        return text + (", " + ", ".join(self.clock_reasons) if self.clock_reasons else "")
+
+
+RECORD_KEYS = ("rank", "role", "name", "mem_used_gib", "mem_total_gib", "util", "sm_mhz", "max_sm_mhz", "power_w",
+               "clock_reasons")
+
+# NVML's clock-event ("throttle") reason bits, as nvml.h numbers them.
+CLOCK_REASONS = {
+    0x1: "idle",
+    0x2: "application clocks",
+    0x4: "power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "thermal (software)",
+    0x40: "thermal (hardware)",
+    0x80: "power brake",
+    0x100: "display clocks",
+}
+
+
+def reason_names(bits: int) -> list[str]:
+    """The names of NVML clock-event reason ``bits``, idle left out."""
+    return [name for bit, name in CLOCK_REASONS.items() if bit != 0x1 and bits & bit]
+
+
+@dataclass
+class ClockReading:
+    sm_mhz: float
+    power_w: float | None
+    temperature_c: float | None
+    reasons: int
+    """NVML's clock-event reason bits at that moment (0: running at the clock it asked for)."""
+
+
+def read_clock(nvml: Any, handle: Any) -> ClockReading:
+    """SM clock, power, temperature and clock-event reasons of one NVML device (raises if the clock is unreadable)."""
+    sm = float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+    try:
+        power = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+    except Exception:
+        power = None
+    try:
+        temperature = float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+    except Exception:
+        temperature = None
+    reasons_of = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+    try:
+        reasons = int(reasons_of(handle)) if reasons_of else 0
+    except Exception:
+        reasons = 0
+    return ClockReading(sm, power, temperature, reasons)
 
 
 # NVML state: None = not tried yet, False = unavailable, else the imported module.
@@ -101,9 +168,16 @@ def _nvml_stats(index: int, name: str) -> GpuStats | None:
             return None
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
         util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
-        return GpuStats(name, memory.used / _GIB, memory.total / _GIB, util)
+        stats = GpuStats(name, memory.used / _GIB, memory.total / _GIB, util)
     except Exception:
         return None
+    try:  # the clock is extra: a device that does not report it keeps its memory figures
+        clock = read_clock(nvml, handle)
+        stats.sm_mhz, stats.power_w, stats.clock_reasons = clock.sm_mhz, clock.power_w, reason_names(clock.reasons)
+        stats.max_sm_mhz = float(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
+    except Exception:
+        pass
+    return stats
 
 
 def device_stats(device: torch.device | str | int) -> GpuStats:
