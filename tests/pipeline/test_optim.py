@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftline.pipeline.optim import grad_factor, step_with_factor
+from draftline.pipeline.optim import grad_factor, skips_on_device, step_with_factor
 
 
 @pytest.mark.parametrize("max_norm", [0.0, 0.05, 1e6])
@@ -70,3 +70,45 @@ def test_step_with_factor_equals_multiplying_the_gradients_first(fused):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     gap = max((a - b).abs().max().item() for a, b in zip(mine, ignored))
     assert gap > 1e-3
+
+
+def test_a_skipped_step_leaves_weights_moments_and_counts_as_if_never_taken():
+    """The device flag (``found_inf`` in the fused kernel) against not calling step at all, over a
+    bad step whose gradient holds a NaN: the same weights, moments and step counts afterwards."""
+    torch.manual_seed(2)
+    shapes = ((16, 8), (8,))
+    start = [torch.randn(s) for s in shapes]
+    grads = [[torch.randn(s) for s in shapes] for _ in range(4)]
+    grads[1][0][3, 2] = float("nan")
+
+    def run(on_device: bool):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, fused=True)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads):
+                p.grad = g.clone()
+            factor, norm = grad_factor(params, torch.tensor(0.5), 1.0)
+            bad = ~torch.isfinite(norm)
+            if on_device:
+                step_with_factor(opt, params, factor, skip=bad)
+                assert not hasattr(opt, "found_inf")
+            elif not bad:
+                step_with_factor(opt, params, factor)
+        return params, opt
+
+    (mine, opt_mine), (host, opt_host) = run(True), run(False)
+    for a, b in zip(mine, host):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(opt_mine.state[a][key], opt_host.state[b][key], rtol=0, atol=0)
+    assert float(opt_mine.state[mine[0]]["step"]) == 3
+
+
+def test_only_a_fused_optimizer_takes_a_device_skip():
+    param = torch.nn.Parameter(torch.ones(3))
+    param.grad = torch.ones(3)
+    opt = torch.optim.AdamW([param], lr=1e-2, fused=False)
+    assert not skips_on_device(opt)
+    with pytest.raises(ValueError, match="only a fused optimizer"):
+        step_with_factor(opt, [param], torch.tensor(1.0), skip=torch.tensor(False))

@@ -27,7 +27,7 @@ from draftline.objective.loss import DFlashObjective
 from draftline.objective.metrics import WEIGHT_SUM, metrics_size
 from draftline.pipeline.health import Health
 from draftline.pipeline.memory import OutOfMemoryContext, gib, out_of_memory_context
-from draftline.pipeline.optim import grad_factor, step_with_factor
+from draftline.pipeline.optim import grad_factor, skips_on_device, step_with_factor
 from draftline.pipeline.waits import wait_work
 from draftline.pipeline.transport import Delivery, FeatureReceiver
 
@@ -157,6 +157,7 @@ class DrafterWorker:
         size = metrics_size(self.block_size)
         self._vector = torch.zeros(size + len(_EXTRA), dtype=torch.float64, device=device)
         self._metrics_size = size
+        self._record_host: torch.Tensor | None = None  # pinned: the step's norm, loss and stop flag
         if compile_layers and device.type == "cuda":
             compile_drafter(self.drafter)  # fused norms/RoPE/SwiGLU, fewer saved activations
         if activation_checkpointing:
@@ -249,14 +250,27 @@ class DrafterWorker:
         weight = vector[WEIGHT_SUM]
         scale = (1.0 / weight.clamp_min(1e-12)).float()
         factor, norm = grad_factor(self.params, scale, self.grad_clip)
-        # One host sync per optimizer step, BEFORE the update is queued (the host then prepares the
-        # next batch while the GPU runs AdamW): skip the update if the loss or a gradient is not finite.
-        norm_host, loss_host, stop_flag = torch.stack([norm.double(), vector[0], vector[-1]]).tolist()
-        finite = math.isfinite(norm_host) and math.isfinite(loss_host)
-        if finite:
+        record = torch.cat([vector, norm.double().reshape(1)])  # the step's metrics vector, its gradient norm
+        # A step whose loss or gradient is not finite is left out. The host reads the record once per
+        # step. With a fused optimizer the update is queued first and skips itself on the device flag,
+        # so the GPU goes from the norm straight into AdamW while the host waits for the record (copied
+        # before AdamW runs), then prepares the next batch; otherwise the host decides, then queues.
+        if skips_on_device(self.optimizer):
+            bad = ~(torch.isfinite(norm) & torch.isfinite(vector[0]))
+            copied = self._copy_record(record)
             self.in_optimizer_step = True  # a failure in here leaves the weights half-updated
-            step_with_factor(self.optimizer, self.params, factor)  # scale and clip inside the update
+            step_with_factor(self.optimizer, self.params, factor, skip=bad)  # scale and clip inside the update
             self.in_optimizer_step = False
+            host = copied()
+            finite = _finite(host)
+        else:
+            host = record.cpu()
+            finite = _finite(host)
+            if finite:
+                self.in_optimizer_step = True
+                step_with_factor(self.optimizer, self.params, factor)
+                self.in_optimizer_step = False
+        if finite:
             self.counters.bad_in_a_row = 0
         else:
             self.counters.skipped_steps += 1
@@ -266,9 +280,9 @@ class DrafterWorker:
         self.step += 1
         self.counters.step = self.step
         self.counters.sync_s += time.perf_counter() - start
-        self.counters.last_grad_norm = norm_host
-        stop = stop_flag > 0
-        step_vector = vector.clone()
+        self.counters.last_grad_norm = float(host[-1])
+        stop = float(host[-2]) > 0  # the all-reduced stop flag
+        step_vector = host[:-1]  # on the host: the monitor reads it without waiting for AdamW
         self._vector.zero_()
         if self.on_step is not None:
             self.on_step(self, step_vector)
@@ -278,6 +292,31 @@ class DrafterWorker:
                 f"(last at step {self.step}); lower --lr, check the data, or resume from an earlier checkpoint"
             )
         return stop
+
+    def _copy_record(self, record: torch.Tensor):
+        """Start copying ``record`` to the host; returns a call that waits for the copy and gives it (a CPU tensor).
+
+        On CUDA the copy goes into pinned memory behind the work queued so far, so waiting for it does not
+        wait for what is queued after it (the optimizer step).
+        """
+        if self.device.type != "cuda":
+            return lambda: record
+        if self._record_host is None or self._record_host.shape != record.shape:
+            self._record_host = torch.empty(record.shape, dtype=record.dtype, pin_memory=True)
+        self._record_host.copy_(record, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def values() -> torch.Tensor:
+            done.synchronize()
+            return self._record_host.clone()  # the pinned buffer takes the next step's record
+
+        return values
+
+
+def _finite(record: torch.Tensor) -> bool:
+    """Whether a step's host record (metrics vector, then gradient norm) has a finite loss and norm."""
+    return math.isfinite(float(record[0])) and math.isfinite(float(record[-1]))
 
 
 def _checkpoint_layers(drafter) -> None:

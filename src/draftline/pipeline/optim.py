@@ -19,8 +19,14 @@ def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    on_cuda = any(p.is_cuda for p in decay)
-    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), fused=on_cuda or None)
+    # Fused (one kernel over all tensors, on CPU as on CUDA): it takes the step's gradient factor and
+    # a device-side skip flag inside the update (step_with_factor).
+    return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), fused=True)
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` can leave out a step on a device flag (fused AdamW/Adam: ``found_inf``)."""
+    return all(group.get("fused") for group in optimizer.param_groups)
 
 
 def grad_factor(params, scale: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,26 +49,38 @@ def grad_factor(params, scale: torch.Tensor, max_norm: float) -> tuple[torch.Ten
     return factor, norm
 
 
-def step_with_factor(optimizer: torch.optim.Optimizer, params, factor: torch.Tensor) -> None:
+def step_with_factor(optimizer: torch.optim.Optimizer, params, factor: torch.Tensor,
+                     skip: torch.Tensor | None = None) -> None:
     """``optimizer.step()`` on the gradients multiplied by ``factor`` (a device scalar).
 
     A fused AdamW takes the factor inside its own kernel (as ``grad_scale``, the divisor it applies
     to each gradient as it reads it, the hook mixed-precision scalers use): no separate pass over
     the gradients (4.2 GB of fp32 reads and writes for an 8B-shaped drafter). Other optimizers get
     the gradients multiplied first. The gradients hold the multiplied values afterwards either way.
+
+    ``skip`` (a device bool scalar; fused optimizers only, see ``skips_on_device``): where true, the
+    kernel leaves the weights, moments and step counts as they were (``found_inf``, the other hook of
+    mixed-precision scalers), so the update can be queued before the host knows whether the step
+    is good.
     """
-    fused = all(group.get("fused") for group in optimizer.param_groups)
-    if not fused:
+    if not skips_on_device(optimizer):
+        if skip is not None:
+            raise ValueError("only a fused optimizer skips a step on a device flag; decide on the host "
+                             "and do not call step_with_factor for a skipped step")
         grads = [p.grad for p in params if p.grad is not None]
         if grads:
             torch._foreach_mul_(grads, factor.to(grads[0].dtype))
         optimizer.step()
         return
     optimizer.grad_scale = (1.0 / factor.float()).reshape(())
+    if skip is not None:
+        optimizer.found_inf = skip.float().reshape(())
     try:
         optimizer.step()
     finally:
         del optimizer.grad_scale
+        if skip is not None:
+            del optimizer.found_inf
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
