@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import statistics
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from draftline.monitor.gpu import CLOCK_REASONS, ClockReading, nvml_handle, nvml_module, read_clock
+from draftline.monitor.gpu import CLOCK_REASONS, ClockReading, nvml_handle, nvml_module, read_clock, reason_names
 
 
 @dataclass
@@ -31,15 +32,9 @@ class ClockSummary:
         return statistics.median(s.sm_mhz for s in self.samples) if self.samples else None
 
     def reason_shares(self) -> dict[str, float]:
-        """Share of the samples in which each reason held the clock back (idle left out)."""
-        shares = {}
-        for bit, name in CLOCK_REASONS.items():
-            if bit == 0x1 or not self.samples:
-                continue
-            hits = sum(1 for s in self.samples if s.reasons & bit)
-            if hits:
-                shares[name] = hits / len(self.samples)
-        return shares
+        """Share of the samples in which each reason held the clock back (idle left out), in NVML's order."""
+        hits = Counter(name for s in self.samples for name in reason_names(s.reasons))
+        return {name: hits[name] / len(self.samples) for name in CLOCK_REASONS.values() if hits[name]}
 
     def to_record(self) -> dict[str, Any]:
         if not self.samples:
@@ -124,6 +119,7 @@ class ClockWatch:
 
     def start(self) -> ClockWatch:
         if self.available and self._thread is None:
+            self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="draftline-clock-watch", daemon=True)
             self._thread.start()
         return self

@@ -157,7 +157,7 @@ class DrafterWorker:
         size = metrics_size(self.block_size)
         self._vector = torch.zeros(size + len(_EXTRA), dtype=torch.float64, device=device)
         self._metrics_size = size
-        self._record_host: torch.Tensor | None = None  # pinned: the step's norm, loss and stop flag
+        self._record_host: torch.Tensor | None = None  # pinned: the step's metrics vector and gradient norm
         if compile_layers and device.type == "cuda":
             compile_drafter(self.drafter)  # fused norms/RoPE/SwiGLU, fewer saved activations
         if activation_checkpointing:

@@ -83,7 +83,7 @@ class LineMonitor:
     # ------------------------------------------------------------------ inputs
     def on_step(self, worker, step_vector: torch.Tensor) -> None:
         """Called by the logging drafter after each optimizer step with the all-reduced vector."""
-        v = step_vector.detach().cpu()  # computed before the step's record, which the host has waited for
+        v = step_vector.detach().cpu()  # on the host already (the step's record, copied before AdamW runs)
         tokens, samples, batches, flops = (float(x) for x in v[self._size : self._size + 4])
         with self._lock:
             self._interval_vector += v[: self._size]
