@@ -9,6 +9,14 @@ a document, so packing costs nothing but the unfilled tail). Each epoch:
 
 Windows keep the shuffle's randomness while neighbours have similar lengths, so a batch's tail
 waste stays small; shuffling the batch order undoes the length ordering across the epoch.
+
+When an optimizer step takes several batches (``step_batches``: several drafters, or gradient
+accumulation), the batches of one step are chosen with similar drafter work: the shuffled batches
+are sorted by their anchor count (documents x anchors per document, the drafter's rows), cut into
+groups of ``step_batches`` that line up with the run's steps, and the groups are shuffled. Drafters
+meet at every step's all-reduce, so a step lasts as long as its slowest drafter's share: a batch of
+32 short documents has ~6x the anchors of a batch of 5 long ones. With ``step_batches == 1`` the
+order is the plain shuffle.
 Everything is a pure function of ``(seed, epoch)``, which makes resume exact: ``BatchSchedule``
 numbers the batches of all epochs 0..total-1, and "resume" is "continue from sequence number s".
 Several consumers take disjoint shares (consumer t of T takes s = t, t + T, ...) of the same
@@ -31,12 +39,13 @@ class TokenBudgetBatcher:
     """Per-epoch batches of sample indices; deterministic from ``(seed, epoch)``."""
 
     def __init__(self, lengths, token_budget: int, max_batch_size: int, seed: int = 0, sort_window: int = 1024,
-                 cache_epochs: int = 2):
+                 cache_epochs: int = 2, step_batches: int = 1, max_anchors: int = 512):
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.lengths.ndim != 1 or len(self.lengths) == 0:
             raise DraftlineError("the dataset has no samples; check the prepare statistics (everything skipped?)")
-        if token_budget < 1 or max_batch_size < 1 or sort_window < 1:
-            raise DraftlineError(f"token_budget ({token_budget}), max_batch_size ({max_batch_size}) and sort_window ({sort_window}) must be >= 1")
+        if min(token_budget, max_batch_size, sort_window, step_batches, max_anchors) < 1:
+            raise DraftlineError(f"token_budget ({token_budget}), max_batch_size ({max_batch_size}), sort_window "
+                                 f"({sort_window}), step_batches ({step_batches}) and max_anchors ({max_anchors}) must be >= 1")
         too_long = np.flatnonzero(self.lengths > token_budget)
         if len(too_long):
             first = int(too_long[0])
@@ -49,8 +58,11 @@ class TokenBudgetBatcher:
         self.max_batch_size = int(max_batch_size)
         self.seed = int(seed)
         self.sort_window = int(sort_window)
+        self.step_batches = int(step_batches)
+        self.max_anchors = int(max_anchors)
         self._cache: OrderedDict[int, list[np.ndarray]] = OrderedDict()
         self._cache_epochs = max(1, cache_epochs)
+        self._counts: dict[int, int] = {}  # batches per epoch (the order does not change it)
 
     @property
     def num_samples(self) -> int:
@@ -67,7 +79,8 @@ class TokenBudgetBatcher:
             self._cache.popitem(last=False)
         return batches
 
-    def _build(self, epoch: int) -> list[np.ndarray]:
+    def _cut(self, epoch: int) -> tuple[np.random.Generator, list[np.ndarray]]:
+        """The epoch's batches in length order, and the epoch's generator (drawn from once so far)."""
         rng = np.random.default_rng([self.seed, int(epoch)])
         n = self.num_samples
         order = rng.permutation(n)
@@ -86,7 +99,46 @@ class TokenBudgetBatcher:
         while cuts[-1] < n:
             cuts.append(reach[cuts[-1]])
         batches = [order[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
-        return [batches[i] for i in rng.permutation(len(batches)).tolist()]
+        self._counts[epoch] = len(batches)
+        return rng, batches
+
+    def _build(self, epoch: int) -> list[np.ndarray]:
+        rng, batches = self._cut(epoch)
+        shuffled = [batches[i] for i in rng.permutation(len(batches)).tolist()]
+        if self.step_batches == 1:
+            return shuffled
+        return self._balanced(rng, shuffled, self._epoch_offset(epoch) % self.step_batches)
+
+    def anchors(self, batch: np.ndarray) -> int:
+        """The drafter's work in ``batch``, in anchors: each document gives up to ``max_anchors``
+        (fewer when it is shorter; its prompt, unknown here, is counted as trained)."""
+        return int(np.minimum(self.lengths[batch], self.max_anchors).sum())
+
+    def _balanced(self, rng: np.random.Generator, shuffled: list[np.ndarray], phase: int) -> list[np.ndarray]:
+        """``shuffled`` reordered so that each step's ``step_batches`` batches have similar anchor counts.
+
+        The epoch starts ``phase`` batches into a step: its first ``step_batches - phase`` batches
+        finish that step, and its last (partial) group starts the next epoch's first step. Those
+        spare batches are a run of neighbours in work order taken at a random place (so no kind of
+        batch always opens or closes an epoch); the full groups between are shuffled.
+        """
+        k = self.step_batches
+        by_work = sorted(range(len(shuffled)), key=lambda i: self.anchors(shuffled[i]))  # stable: ties keep the shuffle
+        head = min((k - phase) % k, len(by_work))
+        spare = head + (len(by_work) - head) % k
+        full = len(by_work) - spare
+        at = int(rng.integers(0, full // k + 1)) * k
+        spares, rest = by_work[at : at + spare], by_work[:at] + by_work[at + spare :]
+        groups = [rest[i : i + k] for i in range(0, full, k)]
+        ordered = spares[:head] + [i for g in rng.permutation(len(groups)).tolist() for i in groups[g]] + spares[head:]
+        return [shuffled[i] for i in ordered]
+
+    def _epoch_offset(self, epoch: int) -> int:
+        """Batches in the epochs before ``epoch`` (where it starts in the run's sequence)."""
+        for e in range(epoch):
+            if e not in self._counts:
+                self._cut(e)
+        return sum(self._counts[e] for e in range(epoch))
 
     def num_batches(self, epoch: int) -> int:
         return len(self.epoch_batches(epoch))

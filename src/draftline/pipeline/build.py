@@ -83,12 +83,13 @@ def plan_data(config: TrainConfig, data_dir: Path, num_drafters: int = 1) -> Dat
             f"{data_dir}: the longest sample has {longest} tokens, more than --token-budget {config.data.token_budget}; "
             f"raise --token-budget to at least {longest} or prepare the data with --max-length {config.data.token_budget}"
         )
+    per_step = grad_accum_batches(config, num_drafters)
     batcher = TokenBudgetBatcher(
         dataset.lengths, config.data.token_budget, config.data.max_batch_size,
         seed=config.data.seed, sort_window=config.data.sort_window,
+        step_batches=per_step, max_anchors=config.data.max_anchors,  # a step's batches: similar drafter work
     )
     schedule = BatchSchedule(batcher, config.data.epochs)
-    per_step = grad_accum_batches(config, num_drafters)
     total = steps_for(schedule.total_batches, per_step, config.optim.max_steps)
     return DataPlan(dataset, schedule, per_step, total, min(schedule.total_batches, total * per_step))
 
