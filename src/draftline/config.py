@@ -58,6 +58,10 @@ class DataConfig:
     """When --data needs preparing: truncate longer conversations to this many tokens (default: token_budget)."""
     sort_window: int = 1024
     """The batcher orders samples by length within windows of this many, so packing wastes little."""
+    balance_steps: bool = True
+    """With several batches per optimizer step, give a step's batches similar drafter work (anchor
+    counts), so drafters do not wait for each other at the all-reduce; off: the plain shuffle (how
+    runs started before this option ordered their batches)."""
     epochs: int = 6
     """Passes over the data."""
     seed: int = 0

@@ -37,6 +37,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--max-length": ("data", "max_length"),
     "--epochs": ("data", "epochs"),
     "--seed": ("data", "seed"),
+    "--no-balance-steps": ("data", "balance_steps"),
     "--lr": ("optim", "lr"),
     "--min-lr-ratio": ("optim", "min_lr_ratio"),
     "--warmup-ratio": ("optim", "warmup_ratio"),
@@ -79,7 +80,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--memory-headroom-gib": ("engine", "memory_headroom_gib"),
     "--trace": ("engine", "trace"),
 }
-_OFF_SWITCHES = {"--no-tensorboard", "--no-preflight", "--no-compile"}  # these turn a default-on bool field off
+_OFF_SWITCHES = {"--no-tensorboard", "--no-preflight", "--no-compile", "--no-balance-steps"}  # these turn a default-on bool field off
 
 
 def _help(section: str, name: str) -> str:

@@ -87,7 +87,7 @@ def plan_data(config: TrainConfig, data_dir: Path, num_drafters: int = 1) -> Dat
     batcher = TokenBudgetBatcher(
         dataset.lengths, config.data.token_budget, config.data.max_batch_size,
         seed=config.data.seed, sort_window=config.data.sort_window,
-        step_batches=per_step, max_anchors=config.data.max_anchors,  # a step's batches: similar drafter work
+        step_batches=per_step if config.data.balance_steps else 1, max_anchors=config.data.max_anchors,
     )
     schedule = BatchSchedule(batcher, config.data.epochs)
     total = steps_for(schedule.total_batches, per_step, config.optim.max_steps)
@@ -180,16 +180,28 @@ def build_objective(config: TrainConfig, drafter: DFlashDrafter, device: torch.d
 
 
 def resume_training(checkpoint: str, *, drafter, optimizer, scheduler, batches_per_step: int,
-                    num_drafters: int) -> int:
+                    num_drafters: int, balance_steps: bool = True) -> int:
     """Load ``checkpoint`` into the drafter, optimizer and schedule; the step to continue from.
 
-    Refuses a checkpoint trained with another number of batches per optimizer step (the data would
-    not continue where it stopped)."""
+    Refuses a checkpoint trained with another number of batches per optimizer step, or with the
+    other batch order (``data.balance_steps``; a checkpoint from before that option had the plain
+    order): the data would not continue where it stopped."""
     state = load_checkpoint(checkpoint, drafter=drafter, optimizer=optimizer, scheduler=scheduler)
     if state.step and state.next_seq != state.step * batches_per_step:
         raise DraftlineError(
             f"{checkpoint}: trained with {state.next_seq // state.step} batches per optimizer step, "
             f"this run has {batches_per_step} (--grad-accum per drafter x {num_drafters} drafter(s)): "
             "resume with the checkpoint's --grad-accum and number of drafters so the data continues where it stopped"
+        )
+    saved = state.config.get("data", {})
+    balanced_then = bool(saved.get("balance_steps", False))  # absent: written before the option (plain order)
+    if batches_per_step > 1 and balanced_then != balance_steps:
+        then = "balanced steps" if balanced_then else "the plain order" + ("" if "balance_steps" in saved else
+                                                                            " (written before data.balance_steps)")
+        fix = "without --no-balance-steps" if balanced_then else "with --no-balance-steps"
+        raise DraftlineError(
+            f"{checkpoint}: its run ordered the batches with {then}, this run would use "
+            f"{'balanced steps' if balance_steps else 'the plain order'}: resume {fix} so the data continues "
+            "where it stopped"
         )
     return state.step

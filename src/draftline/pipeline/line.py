@@ -203,7 +203,7 @@ class Line:
         if setup.checkpoint:
             start_step = resume_training(setup.checkpoint, drafter=drafter, optimizer=optimizer, scheduler=scheduler,
                                          batches_per_step=self.plan.batches_per_step,
-                                         num_drafters=self.role.num_drafters)
+                                         num_drafters=self.role.num_drafters, balance_steps=c.data.balance_steps)
         elif group is not None:
             for p in drafter.parameters():  # every drafter starts from rank 0's weights
                 dist.broadcast(p.data, src=0, group=group)
