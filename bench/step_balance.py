@@ -39,9 +39,9 @@ def efficiency(lengths, budget, drafters, step_batches, max_anchors, share) -> t
     return float((steps.mean(1) / steps.max(1)).mean()), float((work.max(1) / work.mean(1) - 1).mean())
 
 
-def measured_times(args) -> tuple[np.ndarray, dict, np.ndarray]:
+def measured_times(args):
     """Seconds of one drafter step per batch of epoch 0 (plain order), the batches' sample tuples -> index, and the
-    dataset's lengths."""
+    dataset."""
     import time
 
     import torch
@@ -73,25 +73,26 @@ def measured_times(args) -> tuple[np.ndarray, dict, np.ndarray]:
         worker.train_on(delivery)
         worker.finish_step()
         times.append(time.perf_counter() - start)
-    return np.array(times[1:]), {tuple(sorted(b.tolist())): i for i, b in enumerate(batches)}, dataset.lengths
+    return np.array(times[1:]), {tuple(sorted(b.tolist())): i for i, b in enumerate(batches)}, dataset
 
 
 def measured(args) -> None:
-    times, index, lengths = measured_times(args)
+    times, index, dataset = measured_times(args)
     print(f"{len(times)} batches timed: {1e3 * times.mean():.0f} ms mean, {1e3 * times.min():.0f}-{1e3 * times.max():.0f} ms")
-    print(f"{'drafters':>8s} {'plain':>8s} {'balanced':>9s}   (measured step times; per-GPU efficiency from the wait)")
+    print(f"{'drafters':>8s} {'plain':>8s} {'by length':>10s} {'by anchors':>11s}   "
+          "(measured step times; per-GPU efficiency from the wait)")
     for k in args.drafters:
         out = []
-        for step_batches in (1, k):
-            batcher = TokenBudgetBatcher(lengths, args.budget, 64, seed=0, step_batches=step_batches,
-                                         max_anchors=args.max_anchors)
+        for step_batches, positions in ((1, None), (k, None), (k, dataset.anchor_positions())):
+            batcher = TokenBudgetBatcher(dataset.lengths, args.budget, 64, seed=0, step_batches=step_batches,
+                                         max_anchors=args.max_anchors, anchor_positions=positions)
             order = [index.get(tuple(sorted(b.tolist()))) for b in batcher.epoch_batches(0)]
             t = np.array([times[i] if i is not None else np.nan for i in order])
             n = len(t) // k * k
             steps = t[:n].reshape(-1, k)
             steps = steps[~np.isnan(steps).any(1)]  # steps with a batch past --max-batches are left out
             out.append((steps.mean(1) / steps.max(1)).mean())
-        print(f"{k:8d} {out[0]:8.1%} {out[1]:9.1%}")
+        print(f"{k:8d} {out[0]:8.1%} {out[1]:10.1%} {out[2]:11.1%}")
 
 
 def main() -> int:

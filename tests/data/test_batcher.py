@@ -93,10 +93,11 @@ def test_speed_one_million_samples_and_per_batch_host_time(tmp_path):
     assert len(batches) > 0
 
 
-def _step_imbalance(batcher: TokenBudgetBatcher, schedule: BatchSchedule, k: int) -> float:
+def _step_imbalance(batcher: TokenBudgetBatcher, schedule: BatchSchedule, k: int, judge=None) -> float:
     """Mean over full steps of (largest / mean anchor count of the step's batches) - 1: the time a
-    drafter with less work waits at the all-reduce, when each of k drafters takes one batch."""
-    work = [batcher.anchors(s.sample_indices) for s in schedule.batches()]
+    drafter with less work waits at the all-reduce, when each of k drafters takes one batch. The
+    anchor counts are ``judge``'s (default: ``batcher``'s own)."""
+    work = [(judge or batcher).anchors(s.sample_indices) for s in schedule.batches()]
     steps = [work[i : i + k] for i in range(0, len(work) - k + 1, k)]
     return float(np.mean([max(step) / np.mean(step) - 1 for step in steps]))
 
@@ -134,3 +135,19 @@ def test_one_batch_per_step_keeps_the_plain_shuffle(lengths):
     a = TokenBudgetBatcher(lengths, 4096, 64, seed=6)
     b = TokenBudgetBatcher(lengths, 4096, 64, seed=6, step_batches=1, max_anchors=7)
     assert all(np.array_equal(p, q) for p, q in zip(a.epoch_batches(0), b.epoch_batches(0)))
+
+
+def test_work_comes_from_the_anchor_positions_when_given(lengths):
+    """Equal lengths but different loss masks: only the anchor positions tell the batches' work apart."""
+    rng = np.random.default_rng(1)
+    same = np.full(2000, 200)
+    positions = rng.integers(0, 200, size=2000)
+    by_length = TokenBudgetBatcher(same, 4096, 64, seed=2, step_batches=2, max_anchors=150)
+    by_anchors = TokenBudgetBatcher(same, 4096, 64, seed=2, step_batches=2, max_anchors=150, anchor_positions=positions)
+    batch = by_anchors.epoch_batches(0)[0]
+    assert by_anchors.anchors(batch) == int(np.minimum(positions[batch], 150).sum())
+    assert by_length.anchors(batch) == 150 * len(batch)
+    waits = [_step_imbalance(b, BatchSchedule(b, num_epochs=1), 2, judge=by_anchors) for b in (by_length, by_anchors)]
+    assert waits[1] < 0.01 and waits[0] > 0.02, waits
+    with pytest.raises(DraftlineError, match="anchor_positions has 3 entries for 2000 samples"):
+        TokenBudgetBatcher(same, 4096, 64, anchor_positions=[1, 2, 3])

@@ -12,7 +12,8 @@ waste stays small; shuffling the batch order undoes the length ordering across t
 
 When an optimizer step takes several batches (``step_batches``: several drafters, or gradient
 accumulation), the batches of one step are chosen with similar drafter work: the shuffled batches
-are sorted by their anchor count (documents x anchors per document, the drafter's rows), cut into
+are sorted by their anchor count (per document min(max_anchors, the positions its loss mask allows):
+the drafter's rows), cut into
 groups of ``step_batches`` that line up with the run's steps, and the groups are shuffled. Drafters
 meet at every step's all-reduce, so a step lasts as long as its slowest drafter's share: a batch of
 32 short documents has ~6x the anchors of a batch of 5 long ones. With ``step_batches == 1`` the
@@ -39,7 +40,8 @@ class TokenBudgetBatcher:
     """Per-epoch batches of sample indices; deterministic from ``(seed, epoch)``."""
 
     def __init__(self, lengths, token_budget: int, max_batch_size: int, seed: int = 0, sort_window: int = 1024,
-                 cache_epochs: int = 2, step_batches: int = 1, max_anchors: int = 512):
+                 cache_epochs: int = 2, step_batches: int = 1, max_anchors: int = 512,
+                 anchor_positions=None):
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.lengths.ndim != 1 or len(self.lengths) == 0:
             raise DraftlineError("the dataset has no samples; check the prepare statistics (everything skipped?)")
@@ -60,6 +62,12 @@ class TokenBudgetBatcher:
         self.sort_window = int(sort_window)
         self.step_batches = int(step_batches)
         self.max_anchors = int(max_anchors)
+        # A sample's drafter work: its anchors, min(max_anchors, the positions an anchor may take; without
+        # them, its length). The dataset's loss masks give the positions (TokenDataset.anchor_positions).
+        positions = self.lengths if anchor_positions is None else np.asarray(anchor_positions, dtype=np.int64)
+        if positions.shape != self.lengths.shape:
+            raise DraftlineError(f"anchor_positions has {positions.shape[0]} entries for {len(self.lengths)} samples")
+        self._anchors = np.minimum(positions, self.max_anchors)
         self._cache: OrderedDict[int, list[np.ndarray]] = OrderedDict()
         self._cache_epochs = max(1, cache_epochs)
         self._counts: dict[int, int] = {}  # batches per epoch (the order does not change it)
@@ -110,9 +118,8 @@ class TokenBudgetBatcher:
         return self._balanced(rng, shuffled, self._epoch_offset(epoch) % self.step_batches)
 
     def anchors(self, batch: np.ndarray) -> int:
-        """The drafter's work in ``batch``, in anchors: each document gives up to ``max_anchors``
-        (fewer when it is shorter; its prompt, unknown here, is counted as trained)."""
-        return int(np.minimum(self.lengths[batch], self.max_anchors).sum())
+        """The drafter's work in ``batch``, in anchors: each document gives up to ``max_anchors``."""
+        return int(self._anchors[batch].sum())
 
     def _balanced(self, rng: np.random.Generator, shuffled: list[np.ndarray], phase: int) -> list[np.ndarray]:
         """``shuffled`` reordered so that each step's ``step_batches`` batches have similar anchor counts.

@@ -88,6 +88,7 @@ def plan_data(config: TrainConfig, data_dir: Path, num_drafters: int = 1) -> Dat
         dataset.lengths, config.data.token_budget, config.data.max_batch_size,
         seed=config.data.seed, sort_window=config.data.sort_window,
         step_batches=per_step if config.data.balance_steps else 1, max_anchors=config.data.max_anchors,
+        anchor_positions=dataset.anchor_positions() if config.data.balance_steps and per_step > 1 else None,
     )
     schedule = BatchSchedule(batcher, config.data.epochs)
     total = steps_for(schedule.total_batches, per_step, config.optim.max_steps)
