@@ -148,7 +148,10 @@ class TokenBudgetBatcher:
         return sum(self._counts[e] for e in range(epoch))
 
     def num_batches(self, epoch: int) -> int:
-        return len(self.epoch_batches(epoch))
+        """Batches in ``epoch`` (cut once; the order is not needed to count them)."""
+        if epoch not in self._counts:
+            self._cut(epoch)
+        return self._counts[epoch]
 
     def packing_efficiency(self, epoch: int = 0) -> float:
         """Tokens / (batches * token_budget): 1.0 means no batch leaves room unused."""
