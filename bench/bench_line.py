@@ -224,8 +224,9 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
     reset_peak(device)
     flops_before = worker.counters.flops
     tokens, samples = 0, 0
-    # As the drafter role runs: no host sync between steps but the worker's own (one per step, before
-    # AdamW), so the host prepares a batch while the GPU still works on the last one. A step's time
+    # As the drafter role runs: no host sync between steps but the worker's own (one per step: the
+    # step's record, copied before the queued AdamW runs), so the host prepares a batch while the GPU
+    # still works on the last one. A step's time
     # is then the GPU timeline between the ends of consecutive steps (CUDA events), idle gaps
     # included. --sync-each-step times each step alone between two device syncs (the older protocol).
     pipelined = device.type == "cuda" and not args.sync_each_step

@@ -128,28 +128,15 @@ class TokenDataset:
     def __len__(self) -> int:
         return len(self.lengths)
 
-    def anchor_positions(self, chunk_tokens: int = 1 << 24) -> np.ndarray:
+    def anchor_positions(self) -> np.ndarray:
         """Per sample, the positions an anchor may take: a trained token followed by a trained one
         (as ``objective.anchors.eligible_anchor_positions`` counts them), int64 [num_samples].
-
-        Read from the loss masks once (then kept), ``chunk_tokens`` at a time so memory stays small.
-        """
+        Read from the loss masks once, then kept."""
         if getattr(self, "_anchor_positions", None) is None:
-            counts = np.zeros(len(self.lengths), dtype=np.int64)
-            ends = self.offsets + self.lengths
-            order = np.argsort(self.offsets, kind="stable")  # samples in file order, chunked by tokens
-            i = 0
-            while i < len(order):
-                j = int(np.searchsorted(self.offsets[order], self.offsets[order[i]] + chunk_tokens, side="left"))
-                j = max(j, i + 1)
-                lo, hi = int(self.offsets[order[i]]), int(ends[order[i:j]].max())
-                mask = self._mask[lo:hi]
-                pairs = np.concatenate([[0], np.cumsum(mask[:-1] & mask[1:], dtype=np.int32)])  # pairs[k] = pairs before k
-                start = self.offsets[order[i:j]] - lo
-                last = np.maximum(start, start + self.lengths[order[i:j]] - 1)  # pairs (p, p+1) with p < length - 1
-                counts[order[i:j]] = pairs[last] - pairs[start]
-                i = j
-            self._anchor_positions = counts
+            mask = self._mask
+            self._anchor_positions = np.array(
+                [np.count_nonzero(mask[s : s + n - 1] & mask[s + 1 : s + n])
+                 for s, n in zip(self.offsets.tolist(), self.lengths.tolist())], dtype=np.int64)
         return self._anchor_positions
 
     @property

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn import functional as F
 
+from draftline.errors import DraftlineError
+
 
 @dataclass
 class BlockLayout:
@@ -429,14 +431,10 @@ def make_attention(layout: BlockLayout, config, backend: str = "auto"):
     window = config.sliding_window if "sliding_attention" in layer_types else None
     scale = config.head_dim**-0.5
     if backend == "auto":
-        backend = auto_backend(layout.context_doc.device, config)
-    if backend == "flash":
-        reason = flash_unavailable(layout.context_doc.device, config.head_dim)
-        if reason is not None:
-            from draftline.errors import DraftlineError
-
-            raise DraftlineError(f"engine.attention 'flash' (--attention flash) cannot run here: {reason}; "
-                                 "use --attention auto or flex")
+        backend = auto_backend(layout.context_doc.device, config)  # decided once: no checks per pass
+    elif backend == "flash" and (reason := flash_unavailable(layout.context_doc.device, config.head_dim)):
+        raise DraftlineError(f"engine.attention 'flash' (--attention flash) cannot run here: {reason}; "
+                             "use --attention auto or flex")
     if backend == "dense":
         return DenseAttention(layout, layer_types, window, scale)
     if backend in FLEX_KERNELS:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from draftline.monitor.gpu import CLOCK_REASONS, ClockReading, nvml_handle, nvml_module, read_clock, reason_names
+from draftline.monitor.gpu import CLOCK_REASONS, ClockReading, cuda_index, nvml_handle, nvml_module, read_clock, reason_names
 
 
 @dataclass
@@ -80,29 +80,29 @@ class ClockWatch:
         self.summary = ClockSummary()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._nvml, self._handle = None, None
+        nvml = handle = None
         try:
-            device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-            if device.type == "cuda" and torch.cuda.is_available():
-                nvml = nvml_module()
-                index = device.index if device.index is not None else torch.cuda.current_device()
-                handle = nvml_handle(nvml, index) if nvml is not None else None
-                if handle is not None:
-                    self._nvml, self._handle = nvml, handle
-                    self.summary.max_sm_mhz = float(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
+            index = cuda_index(device)
+            nvml = nvml_module() if index is not None else None
+            handle = nvml_handle(nvml, index) if nvml is not None else None
         except Exception:
-            self._nvml = self._handle = None
+            handle = None
+        self._attach(nvml, handle)
 
     @classmethod
     def of_handle(cls, nvml: Any, handle: Any, period_s: float = 0.1) -> ClockWatch:
         """A watch on an NVML handle given directly (tests, or a device torch does not see)."""
         watch = cls("cpu", period_s)
-        watch._nvml, watch._handle = nvml, handle
-        try:
-            watch.summary.max_sm_mhz = float(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
-        except Exception:
-            pass
+        watch._attach(nvml, handle)
         return watch
+
+    def _attach(self, nvml: Any, handle: Any) -> None:
+        self._nvml, self._handle = (nvml, handle) if handle is not None else (None, None)
+        if handle is not None:
+            try:
+                self.summary.max_sm_mhz = float(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
+            except Exception:
+                pass
 
     @property
     def available(self) -> bool:

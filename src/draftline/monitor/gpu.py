@@ -180,13 +180,21 @@ def _nvml_stats(index: int, name: str) -> GpuStats | None:
     return stats
 
 
+def cuda_index(device: torch.device | str | int) -> int | None:
+    """Torch's index of ``device`` (an int is an index), None for a CPU device or without CUDA."""
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def device_stats(device: torch.device | str | int) -> GpuStats:
     """Stats of one torch device (a rank's own). CPU, or any failure, gives None fields ("n/a")."""
     try:
         device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-        if device.type != "cuda" or not torch.cuda.is_available():
+        index = cuda_index(device)
+        if index is None:
             return GpuStats(name=device.type)
-        index = device.index if device.index is not None else torch.cuda.current_device()
         name = torch.cuda.get_device_name(index)
         stats = _nvml_stats(index, name)
         if stats is not None:

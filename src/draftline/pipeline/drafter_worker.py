@@ -27,7 +27,7 @@ from draftline.objective.loss import DFlashObjective
 from draftline.objective.metrics import WEIGHT_SUM, metrics_size
 from draftline.pipeline.health import Health
 from draftline.pipeline.memory import OutOfMemoryContext, gib, out_of_memory_context
-from draftline.pipeline.optim import grad_factor, skips_on_device, step_with_factor
+from draftline.pipeline.optim import grad_factor, step_with_factor
 from draftline.pipeline.waits import wait_work
 from draftline.pipeline.transport import Delivery, FeatureReceiver
 
@@ -251,25 +251,17 @@ class DrafterWorker:
         scale = (1.0 / weight.clamp_min(1e-12)).float()
         factor, norm = grad_factor(self.params, scale, self.grad_clip)
         record = torch.cat([vector, norm.double().reshape(1)])  # the step's metrics vector, its gradient norm
-        # A step whose loss or gradient is not finite is left out. The host reads the record once per
-        # step. With a fused optimizer the update is queued first and skips itself on the device flag,
-        # so the GPU goes from the norm straight into AdamW while the host waits for the record (copied
-        # before AdamW runs), then prepares the next batch; otherwise the host decides, then queues.
-        if skips_on_device(self.optimizer):
-            bad = ~(torch.isfinite(norm) & torch.isfinite(vector[0]))
-            copied = self._copy_record(record)
-            self.in_optimizer_step = True  # a failure in here leaves the weights half-updated
-            step_with_factor(self.optimizer, self.params, factor, skip=bad)  # scale and clip inside the update
-            self.in_optimizer_step = False
-            host = copied()
-            finite = _finite(host)
-        else:
-            host = record.cpu()
-            finite = _finite(host)
-            if finite:
-                self.in_optimizer_step = True
-                step_with_factor(self.optimizer, self.params, factor)
-                self.in_optimizer_step = False
+        # A step whose loss or gradient is not finite is left out, by the fused AdamW itself on a device
+        # flag: the update is queued before the host knows, so the GPU goes from the norm straight into
+        # AdamW while the host waits for the record (copied before AdamW runs), then prepares the next
+        # batch. The host reads the record once per step.
+        bad = ~(torch.isfinite(norm) & torch.isfinite(vector[0]))
+        copied = self._copy_record(record)
+        self.in_optimizer_step = True  # a failure in here leaves the weights half-updated
+        step_with_factor(self.optimizer, self.params, factor, skip=bad)  # scale and clip inside the update
+        self.in_optimizer_step = False
+        host = copied()
+        finite = math.isfinite(float(host[0])) and math.isfinite(float(host[-1]))
         if finite:
             self.counters.bad_in_a_row = 0
         else:
@@ -301,7 +293,7 @@ class DrafterWorker:
         """
         if self.device.type != "cuda":
             return lambda: record
-        if self._record_host is None or self._record_host.shape != record.shape:
+        if self._record_host is None:
             self._record_host = torch.empty(record.shape, dtype=record.dtype, pin_memory=True)
         self._record_host.copy_(record, non_blocking=True)
         done = torch.cuda.Event()
@@ -312,11 +304,6 @@ class DrafterWorker:
             return self._record_host.clone()  # the pinned buffer takes the next step's record
 
         return values
-
-
-def _finite(record: torch.Tensor) -> bool:
-    """Whether a step's host record (metrics vector, then gradient norm) has a finite loss and norm."""
-    return math.isfinite(float(record[0])) and math.isfinite(float(record[-1]))
 
 
 def _checkpoint_layers(drafter) -> None:
