@@ -225,8 +225,8 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
     flops_before = worker.counters.flops
     tokens, samples = 0, 0
     # As the drafter role runs: no host sync between steps but the worker's own (one per step: the
-    # step's record, copied before the queued AdamW runs), so the host prepares a batch while the GPU
-    # still works on the last one. A step's time
+    # record of the step before, read after this step's batches were queued), so the host prepares a
+    # batch while the GPU still works on the last one. A step's time
     # is then the GPU timeline between the ends of consecutive steps (CUDA events), idle gaps
     # included. --sync-each-step times each step alone between two device syncs (the older protocol).
     pipelined = device.type == "cuda" and not args.sync_each_step
@@ -251,6 +251,7 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
             tokens += d.batch.num_tokens
             samples += d.batch.num_docs
             del d
+        worker.settle()  # the last step's record (the loop above read each step's record one step late)
         sync(device)
     times = [a.elapsed_time(b) / 1e3 if pipelined else b - a for a, b in zip(starts, ends[1:])]
     wall = sum(times)

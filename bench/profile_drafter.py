@@ -16,7 +16,9 @@ step (torch.profiler). Variants (comma-separated, each a '+'-joined set of optio
   flash        the drafter's attention on FlashAttention-4's kernels (``--attention flash``)
 With ``--detail`` the profiled step also reports where the GPU sat idle (gaps between kernels, and
 the CUDA runtime calls the host spent its time in) and every host-device synchronisation the step
-makes (``torch.cuda.set_sync_debug_mode``), by draftline source line.
+makes (``torch.cuda.set_sync_debug_mode``), by draftline source line. ``--trace-steps N`` profiles N
+steps back to back (three times: as trained, with each step's record read at once, as trained) and
+gives each step's time, GPU busy and idle time and kernel groups.
 """
 
 from __future__ import annotations
@@ -116,14 +118,7 @@ def kernel_report(worker, delivery, top: int) -> tuple[list[str], dict]:
     lines = [f"one profiled step: wall {1000 * wall:.1f} ms (profiler on), GPU kernels {1000 * kernel_total:.1f} ms"]
     groups = collections.Counter()
     for e in events:
-        name = e.key.lower()
-        kind = ("gemm" if any(k in name for k in ("gemm", "cutlass", "sm90_x", "nvjet", "matmul")) else
-                "flex/attention" if any(k in name for k in ("flex", "attention", "triton_tem")) else
-                "adam/optimizer" if any(k in name for k in ("adam", "foreach", "multi_tensor")) else
-                "triton (fused)" if "triton" in name else
-                "copy/cast" if any(k in name for k in ("copy", "cast", "memcpy", "memset", "fill")) else
-                "other elementwise/reduce")
-        groups[kind] += e.device_time_total / 1e3
+        groups[kernel_kind(e.key)] += e.device_time_total / 1e3
     for kind, ms in groups.most_common():
         lines.append(f"  {kind:28s} {ms:8.1f} ms")
     lines += idle_report(prof, wall)
@@ -131,6 +126,73 @@ def kernel_report(worker, delivery, top: int) -> tuple[list[str], dict]:
     for e in sorted(events, key=lambda e: -e.device_time_total)[:top]:
         lines.append(f"  {e.device_time_total / 1e3:8.2f} ms  x{e.count:4d}  {e.key[:110]}")
     return lines, {"wall_ms": 1000 * wall, "kernel_ms": 1000 * kernel_total, "groups_ms": dict(groups)}
+
+
+def kernel_kind(name: str) -> str:
+    """The group a CUDA kernel's time is reported under."""
+    name = name.lower()
+    return ("flex/attention" if any(k in name for k in ("flex", "attention", "triton_tem", "flash", "fmha")) else
+            "gemm" if any(k in name for k in ("gemm", "cutlass", "sm90_x", "nvjet", "matmul")) else
+            "adam/optimizer" if any(k in name for k in ("adam", "foreach", "multi_tensor")) else
+            "triton (fused)" if "triton" in name else
+            "copy/cast" if any(k in name for k in ("copy", "cast", "memcpy", "memset", "fill")) else
+            "other elementwise/reduce")
+
+
+def trace_steps(worker, deliveries, settle_each: bool = False, top: int = 0) -> list[str]:
+    """Steps back to back (as trained: no sync but the worker's own) under the profiler; per step, from
+    the GPU's timeline: time from one step's record copy to the next, kernel busy time, idle, and the
+    kernel groups. A step whose matmuls alone take longer ran at a lower clock; one with more idle
+    waited for the host. ``settle_each``: read each step's record right after queueing it (the order
+    before the host ran a step ahead), for comparison in one process."""
+    from torch.profiler import ProfilerActivity, profile
+
+    worker.settle()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for d in deliveries:
+            worker.train_on(d)
+            worker.finish_step()
+            if settle_each:
+                worker.settle()
+        worker.settle()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start
+                   and not e.name.startswith(("Optimizer.", "## ")))  # annotations, not kernels
+    marks = [start for start, _, name in spans if "dtoh" in name.lower().replace(" ", "")]  # the step's record copy
+    order = "each record read at once (the old order)" if settle_each else "records read one step late (as trained)"
+    lines = [f"{len(deliveries)} steps back to back under the profiler, {order}; {len(marks)} record copies found"]
+    kinds = ("gemm", "flex/attention", "triton (fused)", "adam/optimizer")
+    lines.append(f"  {'step':>4s} {'ms':>7s} {'busy':>7s} {'idle':>6s} {'gaps':>5s} " + " ".join(f"{k[:10]:>10s}" for k in kinds))
+    for i, (lo, hi) in enumerate(zip(marks, marks[1:])):
+        inside = [(s, e, n) for s, e, n in spans if lo <= s < hi]
+        busy, idle, gaps, end = 0.0, 0.0, 0, lo
+        groups: collections.Counter = collections.Counter()
+        for s, e, n in inside:
+            if s > end:
+                idle += s - end
+                gaps += 1
+            busy += max(0.0, e - max(s, end))
+            end = max(end, e)
+            groups[kernel_kind(n)] += (e - s) / 1e3
+        lines.append(f"  {i + 1:4d} {(hi - lo) / 1e3:7.1f} {busy / 1e3:7.1f} {idle / 1e3:6.1f} {gaps:5d} "
+                     + " ".join(f"{groups[k]:10.1f}" for k in kinds))
+    steps = max(1, len(marks) - 1)
+    by_name: collections.Counter = collections.Counter()
+    calls: collections.Counter = collections.Counter()
+    for s, e, n in spans:
+        if marks and marks[0] <= s < marks[-1]:
+            by_name[n] += (e - s) / 1e3 / steps
+            calls[n] += 1
+    lines += idle_report(prof, wall)[1:]
+    if top:
+        lines.append("  kernels, ms per step (calls per step), largest first:")
+    for n, ms in by_name.most_common(top):
+        lines.append(f"  {ms:7.2f}  x{calls[n] / steps:5.1f}  {kernel_kind(n)[:10]:10s}  {n[:120]}")
+    return lines
 
 
 def idle_report(prof, wall: float) -> list[str]:
@@ -270,6 +332,13 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
             result["saved_tensors"] = saved_tensor_report(worker, deliveries[-1], device, dtype)
         except Exception as exc:  # noqa: BLE001 - a report, not the measurement
             result["saved_tensors"] = [f"failed: {exc!r}"[:300]]
+    if args.trace_steps:
+        try:
+            tail = deliveries[-args.trace_steps:]
+            result["trace"] = (trace_steps(worker, tail, top=args.top) + trace_steps(worker, tail, settle_each=True)
+                               + trace_steps(worker, tail))
+        except Exception as exc:  # noqa: BLE001 - a report, not the measurement
+            result["trace"] = [f"step trace failed: {exc!r}"[:300]]
     if args.detail:
         try:
             result["syncs"] = sync_report(worker, deliveries[-1])
@@ -293,6 +362,8 @@ def main() -> int:
     parser.add_argument("--max-query-rows", type=int, default=32768)
     parser.add_argument("--detail", action="store_true", help="saved-tensor and kernel reports")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--trace-steps", type=int, default=0,
+                        help="also profile this many steps back to back and report each step's busy and idle time")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
@@ -310,10 +381,10 @@ def main() -> int:
         res["tag"] = args.tag
         res["total_s"] = time.perf_counter() - t0
         results.append(res)
-        for line in res.get("saved_tensors", []) + res.get("syncs", []) + res.get("kernels", []):
+        for line in res.get("saved_tensors", []) + res.get("trace", []) + res.get("syncs", []) + res.get("kernels", []):
             print(line)
         brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()
-                 if k not in ("saved_tensors", "syncs", "kernels", "kernel_summary")}
+                 if k not in ("saved_tensors", "trace", "syncs", "kernels", "kernel_summary")}
         print(json.dumps(brief))
         sys.stdout.flush()
         if args.out:

@@ -1,11 +1,12 @@
 """pipeline/drafter_worker.py: a step with a non-finite loss or gradient is left out (on the device flag of
 the fused AdamW: weights, moments and step counts as before), counted, and too many in a row stop training;
-on a GPU, a batch's passes queue their work without waiting for the device.
+a step's record is read one step late and what it decides stays exact (a stop agreed at step k leaves
+step k + 1 untaken); on a GPU, a batch's passes queue their work without waiting for the device.
 
 A synchronising call in a pass (a host number assigned into a CUDA tensor, a copy from pageable
 memory) makes the host wait for every kernel in flight, and the GPU then idles while the host
-prepares what comes next. The one wait a step makes on purpose is in ``finish_step`` (the step's
-record: metrics, gradient norm, stop flag, copied before the queued AdamW runs); ``train_on`` must make none.
+prepares what comes next. The one wait a step makes on purpose is in ``finish_step`` (the record of
+the step before: metrics, gradient norm, stop flag); ``train_on`` must make none.
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ def test_a_non_finite_step_is_left_out_counted_and_too_many_stop_training():
     worker.finish_step()  # a good step: the moments exist
     before = _state(worker)
     worker.train_on(delivery(1, lengths, poison=True))
-    assert not worker.finish_step()
-    assert worker.counters.skipped_steps == 1 and worker.counters.bad_in_a_row == 1 and worker.step == 2
+    assert not worker.finish_step()  # reads step 1's record, queues step 2
+    assert worker.step == 2 and worker.counters.skipped_steps == 0  # step 2's record is read one step late
+    assert not worker.settle()
+    assert worker.counters.skipped_steps == 1 and worker.counters.bad_in_a_row == 1
     assert not math.isfinite(worker.counters.last_grad_norm)
     after = _state(worker)
     for a, b in zip(before[0], after[0]):
@@ -71,14 +74,53 @@ def test_a_non_finite_step_is_left_out_counted_and_too_many_stop_training():
                for x, y in zip(before[1], after[1]))
     worker.train_on(delivery(2, lengths))
     worker.finish_step()  # good again: the weights move, the run of bad steps ends
+    worker.settle()
     assert worker.counters.bad_in_a_row == 0 and worker.counters.skipped_steps == 1
     assert any(not torch.equal(a, p) for a, p in zip(after[0], worker.params))
     worker.max_bad_steps = 2
     worker.train_on(delivery(3, lengths, poison=True))
     worker.finish_step()
     worker.train_on(delivery(4, lengths, poison=True))
+    worker.finish_step()  # reads step 4's record: one bad step so far
     with pytest.raises(DraftlineError, match="2 optimizer steps in a row had a non-finite loss or gradient"):
-        worker.finish_step()
+        worker.settle()
+
+
+def test_a_stop_agreed_at_a_step_leaves_the_next_untaken_and_each_record_is_read_once_in_order():
+    lengths = (300, 200)
+
+    def worker_with_log(stop_at=None):
+        torch.manual_seed(0)
+        worker, delivery = _tiny_worker(torch.device("cpu"), torch.float32, compile_layers=False)
+        seen = []
+        worker.on_step = lambda w, vector: seen.append((w.step, float(vector[0])))
+        worker.stop_requested = lambda: stop_at is not None and worker.step + 1 == stop_at  # asked during step stop_at
+        return worker, delivery, seen
+
+    reference, delivery, ref_seen = worker_with_log()
+    for seed in range(3):
+        reference.train_on(delivery(seed, lengths))
+        assert not reference.finish_step()
+    reference.settle()
+    assert [step for step, _ in ref_seen] == [1, 2, 3]  # every step accounted once, in order
+    assert not reference.settle()  # nothing left to read
+
+    worker, delivery, seen = worker_with_log(stop_at=2)
+    for seed in range(2):
+        worker.train_on(delivery(seed, lengths))
+        assert not worker.finish_step()
+    worker.train_on(delivery(2, lengths))  # step 3's batch: trained before step 2's record is read
+    assert worker.finish_step()  # step 2 agreed to stop: step 3 is not taken
+    assert worker.step == 2 and [step for step, _ in seen] == [1, 2]
+    assert seen == ref_seen[:2]  # the same losses as the run that went on
+    assert all(p.grad is None for p in worker.params)  # step 3's gradients dropped
+    two_steps, _ = worker_with_log()[:2]
+    for seed in range(2):
+        two_steps.train_on(delivery(seed, lengths))
+        two_steps.finish_step()
+    two_steps.settle()
+    for a, b in zip(worker.params, two_steps.params):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # the weights of exactly two steps
 
 
 @pytest.mark.gpu
@@ -103,5 +145,6 @@ def test_train_on_makes_no_host_device_sync():
     before = [p.detach().clone() for p in worker.params]
     worker.train_on(delivery(2, poison=True))
     worker.finish_step()
+    worker.settle()
     assert worker.counters.skipped_steps == 1
     assert all(torch.equal(a, p) for a, p in zip(before, worker.params))

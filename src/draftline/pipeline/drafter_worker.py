@@ -9,6 +9,15 @@ depend on how its batches were spread over drafters or split into passes.
 A batch runs in one or more passes of at most ``max_query_rows`` block rows, which the objective
 plans and builds (``DFlashObjective.passes``: anchors, blocks, labels); each pass is one forward
 (all blocks in one attention pass) and one backward.
+
+The host runs one step ahead of the GPU. ``finish_step`` queues step ``k``'s update and returns
+without waiting; the step's record (metrics, gradient norm, stop flag), copied to the host before its
+update runs, is read when step ``k + 1`` is finished, after that step's batches were queued. So the
+host prepares and launches the next step while the GPU still works on this one, and the GPU does not
+wait for the host between steps. What the record decides comes one step late and is exact: a
+non-finite step is left out by the update itself (a device flag), and when the drafters agreed at
+step ``k`` to stop, step ``k + 1`` is not taken (its gradients are dropped; a resume trains its batches
+again). ``settle`` reads the last record at the end of a run.
 """
 
 from __future__ import annotations
@@ -158,6 +167,7 @@ class DrafterWorker:
         self._vector = torch.zeros(size + len(_EXTRA), dtype=torch.float64, device=device)
         self._metrics_size = size
         self._record_host: torch.Tensor | None = None  # pinned: the step's metrics vector and gradient norm
+        self._queued = None  # the queued step's record, read by the next finish_step or settle
         if compile_layers and device.type == "cuda":
             compile_drafter(self.drafter)  # fused norms/RoPE/SwiGLU, fewer saved activations
         if activation_checkpointing:
@@ -182,6 +192,7 @@ class DrafterWorker:
                 break
             with self.health.compute_pass():
                 self.train_on(delivery)
+        self.settle()  # the last step's record; a stop agreed there ends the run where it ends anyway
         return "finished"
 
     def train_on(self, delivery: Delivery) -> None:
@@ -239,11 +250,21 @@ class DrafterWorker:
             device=self.device)
 
     def finish_step(self) -> bool:
-        """All-reduce, normalise, clip, step. Returns True when the drafters agreed to stop."""
-        with out_of_memory_context(self.device, self._step_context):
-            return self._finish_step()
+        """Read the step queued before (``settle``), then all-reduce, normalise, clip and queue this
+        step's update without waiting for it.
 
-    def _finish_step(self) -> bool:
+        Returns True when the drafters agreed to stop at the step before: this step is then not taken
+        (its gradients are dropped, ``step`` stays) and its batches are trained again after a resume.
+        """
+        if self.settle():
+            self.optimizer.zero_grad(set_to_none=True)
+            self._vector.zero_()
+            return True
+        with out_of_memory_context(self.device, self._step_context):
+            self._queue_step()
+        return False
+
+    def _queue_step(self) -> None:
         start = time.perf_counter()
         self._vector[-1].fill_(1.0 if self.stop_requested() else 0.0)  # fill_: no host-to-device copy (sync)
         vector = self.sync.all_reduce(self._vector.clone())
@@ -251,39 +272,44 @@ class DrafterWorker:
         scale = (1.0 / weight.clamp_min(1e-12)).float()
         factor, norm = grad_factor(self.params, scale, self.grad_clip)
         record = torch.cat([vector, norm.double().reshape(1)])  # the step's metrics vector, its gradient norm
-        # A step whose loss or gradient is not finite is left out, by the fused AdamW itself on a device
-        # flag: the update is queued before the host knows, so the GPU goes from the norm straight into
-        # AdamW while the host waits for the record (copied before AdamW runs), then prepares the next
-        # batch. The host reads the record once per step.
+        # A step whose loss or gradient is not finite is left out by the fused AdamW itself, on a device
+        # flag: the update is queued before the host knows. The record is copied before the update runs.
         bad = ~(torch.isfinite(norm) & torch.isfinite(vector[0]))
-        copied = self._copy_record(record)
+        self._queued = self._copy_record(record)
         self.in_optimizer_step = True  # a failure in here leaves the weights half-updated
         step_with_factor(self.optimizer, self.params, factor, skip=bad)  # scale and clip inside the update
         self.in_optimizer_step = False
-        host = copied()
-        finite = math.isfinite(float(host[0])) and math.isfinite(float(host[-1]))
-        if finite:
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)  # no gradient memory during the next forward
+        self._vector.zero_()
+        self.step += 1
+        self.counters.step = self.step
+        self.counters.sync_s += time.perf_counter() - start
+
+    def settle(self) -> bool:
+        """Wait for the record of the step queued last (if not read yet) and account it: skipped steps,
+        gradient norm, ``on_step``, the limit of bad steps in a row. Returns True when the drafters agreed
+        at that step to stop. ``finish_step`` calls it; call it once more after the last step."""
+        if self._queued is None:
+            return False
+        start = time.perf_counter()
+        queued, self._queued = self._queued, None
+        host = queued()
+        if math.isfinite(float(host[0])) and math.isfinite(float(host[-1])):
             self.counters.bad_in_a_row = 0
         else:
             self.counters.skipped_steps += 1
             self.counters.bad_in_a_row += 1
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)  # no gradient memory during the next forward
-        self.step += 1
-        self.counters.step = self.step
-        self.counters.sync_s += time.perf_counter() - start
         self.counters.last_grad_norm = float(host[-1])
-        stop = float(host[-2]) > 0  # the all-reduced stop flag
-        step_vector = host[:-1]  # on the host: the monitor reads it without waiting for AdamW
-        self._vector.zero_()
+        self.counters.sync_s += time.perf_counter() - start
         if self.on_step is not None:
-            self.on_step(self, step_vector)
+            self.on_step(self, host[:-1])  # on the host: the monitor reads it without waiting for the GPU
         if self.counters.bad_in_a_row >= self.max_bad_steps:
             raise DraftlineError(
                 f"{self.counters.bad_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
                 f"(last at step {self.step}); lower --lr, check the data, or resume from an earlier checkpoint"
             )
-        return stop
+        return float(host[-2]) > 0  # the all-reduced stop flag
 
     def _copy_record(self, record: torch.Tensor):
         """Start copying ``record`` to the host; returns a call that waits for the copy and gives it (a CPU tensor).

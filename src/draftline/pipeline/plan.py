@@ -149,6 +149,7 @@ def measure_rates(target, worker, lengths: np.ndarray, budget: int, device: torc
         worker.finish_step()
 
     d_wall, d_samples, d_peak = _timed(device, run_drafter, warmup, batches)
+    worker.settle()
     return RoleRates(t_samples / t_wall, d_samples / d_wall, f"measured on {device}", t_peak, d_peak)
 
 
