@@ -187,7 +187,7 @@ def bench_target(args, device, dtype, peak, rows):
 
 
 def make_worker(cfg, device, dtype, max_query_rows, embed, head, head_chunk_rows=4096, compile_layers=True,
-                attention="auto"):
+                attention="auto", overlap_update=False):
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg).to(device=device, dtype=torch.float32)
     settings = ObjectiveSettings(max_anchors=512, head_chunk_rows=head_chunk_rows, attention=attention)
@@ -200,7 +200,7 @@ def make_worker(cfg, device, dtype, max_query_rows, embed, head, head_chunk_rows
         objective=objective, optimizer=optimizer, scheduler=scheduler, receiver=None,
         sync=GradSync(list(drafter.parameters()), None, health), health=health, device=device, compute_dtype=dtype,
         batches_per_step=1, start_step=0, total_steps=10**6, max_query_rows=max_query_rows, grad_clip=1.0,
-        max_bad_steps=10**6, compile_layers=compile_layers,
+        max_bad_steps=10**6, compile_layers=compile_layers, overlap_update=overlap_update,
     )
     return worker
 
@@ -211,7 +211,8 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
     embed = (torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02)
     head = (torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02)
     worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head, args.head_chunk_rows,
-                         compile_layers=not args.no_compile, attention=args.attention)
+                         compile_layers=not args.no_compile, attention=args.attention,
+                         overlap_update=args.overlap_update)
     batches = make_batches()
 
     def delivery(b):  # one batch's features at a time, made outside the timed window
@@ -312,6 +313,8 @@ def main() -> int:
                         help="the drafter's attention ('flash': flex on FlashAttention-4's kernels)")
     parser.add_argument("--flex-options", type=json.loads, default=None,
                         help="JSON kernel options for flex's Triton kernels (e.g. block sizes), to compare with the default")
+    parser.add_argument("--overlap-update", action="store_true",
+                        help="AdamW per layer on a second stream under the next forward (experimental)")
     parser.add_argument("--sync-each-step", action="store_true",
                         help="time each drafter step alone between device syncs (default: steps back to back, as trained)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["target", "drafter-3072", "drafter-packed"])
@@ -338,6 +341,7 @@ def main() -> int:
     drafter = f"{args.shape} drafter" + ("" if args.attention == "auto" else f" ({args.attention})")
     drafter += " (tuned flex)" if args.flex_options else ""
     drafter += " (synced steps)" if args.sync_each_step else ""
+    drafter += " (overlapped update)" if args.overlap_update else ""
     steps = [
         ("target", lambda: bench_target(args, device, dtype, peak, rows)),
         ("drafter-3072", lambda: bench_drafter(

@@ -14,6 +14,7 @@ step (torch.profiler). Variants (comma-separated, each a '+'-joined set of optio
   chunk2048    2,048 rows of logits per head chunk (default 4,096)
   packed       the packed 32K-token workload instead of 1 x 3,072 tokens
   flash        the drafter's attention on FlashAttention-4's kernels (``--attention flash``)
+  overlap      AdamW per layer on a second stream under the next forward (``--overlap-update``)
 With ``--detail`` the profiled step also reports where the GPU sat idle (gaps between kernels, and
 the CUDA runtime calls the host spent its time in) and every host-device synchronisation the step
 makes (``torch.cuda.set_sync_debug_mode``), by draftline source line. ``--trace-steps N`` profiles N
@@ -273,7 +274,8 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
     head = torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02
     try:
         worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head,
-                             compile_layers="compile" in opts, attention="flash" if "flash" in opts else "auto")
+                             compile_layers="compile" in opts, attention="flash" if "flash" in opts else "auto",
+                             overlap_update="overlap" in opts)
     except TypeError:  # an older make_worker (the main branch's bench_line): never compiles itself
         worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head)
         if "compile" in opts:

@@ -148,3 +148,30 @@ def test_train_on_makes_no_host_device_sync():
     worker.settle()
     assert worker.counters.skipped_steps == 1
     assert all(torch.equal(a, p) for a, p in zip(before, worker.params))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_update_overlapped_on_a_second_stream_equals_the_update_in_line():
+    """AdamW per layer on a second stream, each layer's next forward waiting for its own chunk: the
+    same weights and moments, bit for bit, as the update on the main stream, over several steps."""
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    runs = []
+    for overlap in (False, True):
+        torch.manual_seed(0)
+        worker, delivery = _tiny_worker(device, dtype, 2048, head_chunk_rows=1024, compile_layers=False,
+                                        overlap_update=overlap)
+        losses = []
+        worker.on_step = lambda w, vector: losses.append(float(vector[0]))
+        for seed in range(4):
+            worker.train_on(delivery(seed))
+            worker.finish_step()
+        worker.settle()
+        torch.cuda.synchronize()
+        runs.append((_state(worker), losses))
+    (serial, serial_losses), (overlapped, overlapped_losses) = runs
+    assert serial_losses == overlapped_losses and len(serial_losses) == 4
+    for a, b in zip(serial[0], overlapped[0]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for x, y in zip(serial[1], overlapped[1]):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] == 4.0

@@ -135,6 +135,7 @@ class DrafterWorker:
         max_bad_steps: int,
         activation_checkpointing: bool = False,
         compile_layers: bool = False,
+        overlap_update: bool = False,
         on_step=None,
         on_batch=None,
         stop_requested=lambda: False,
@@ -172,7 +173,29 @@ class DrafterWorker:
             compile_drafter(self.drafter)  # fused norms/RoPE/SwiGLU, fewer saved activations
         if activation_checkpointing:
             _checkpoint_layers(self.drafter)
+        self._update_stream = None
+        if overlap_update and device.type == "cuda":
+            self._overlap_update()
         health.watch(self.drafter.layers)
+
+    def _overlap_update(self) -> None:
+        """Run AdamW on a second stream, one chunk per decoder layer (and one for the rest: ``fc`` and the
+        norms), so the next step's forward starts while later layers are still being updated: each layer
+        (a forward pre-hook) waits for its own chunk's event only. Experimental: not measured yet."""
+        self._update_stream = torch.cuda.Stream(self.device)
+        layers = [[p for p in layer.parameters() if p.requires_grad] for layer in self.drafter.layers]
+        in_layers = {p for chunk in layers for p in chunk}
+        self._update_chunks = [[p for p in self.params if p not in in_layers], *layers]
+        self._update_events = [torch.cuda.Event() for _ in self._update_chunks]
+
+        def waits_for(index: int):
+            def hook(_module, _args):
+                torch.cuda.current_stream(self.device).wait_event(self._update_events[index])
+            return hook
+
+        self.drafter.register_forward_pre_hook(waits_for(0))
+        for i, layer in enumerate(self.drafter.layers):
+            layer.register_forward_pre_hook(waits_for(i + 1))
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> str:
@@ -277,7 +300,15 @@ class DrafterWorker:
         bad = ~(torch.isfinite(norm) & torch.isfinite(vector[0]))
         self._queued = self._copy_record(record)
         self.in_optimizer_step = True  # a failure in here leaves the weights half-updated
-        step_with_factor(self.optimizer, self.params, factor, skip=bad)  # scale and clip inside the update
+        if self._update_stream is None:
+            step_with_factor(self.optimizer, self.params, factor, skip=bad)  # scale and clip inside the update
+        else:
+            self._update_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self._update_stream):
+                step_with_factor(self.optimizer, self.params, factor, skip=bad, chunks=self._update_chunks,
+                                 after_chunk=lambda i: self._update_events[i].record())
+            for t in [factor, bad, *(p.grad for p in self.params if p.grad is not None)]:
+                t.record_stream(self._update_stream)  # freed below on the host, still read there
         self.in_optimizer_step = False
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)  # no gradient memory during the next forward
@@ -302,6 +333,8 @@ class DrafterWorker:
             self.counters.bad_in_a_row += 1
         self.counters.last_grad_norm = float(host[-1])
         self.counters.sync_s += time.perf_counter() - start
+        if self._update_stream is not None:  # what on_step queues (a checkpoint's copies) sees the update
+            torch.cuda.current_stream(self.device).wait_stream(self._update_stream)
         if self.on_step is not None:
             self.on_step(self, host[:-1])  # on the host: the monitor reads it without waiting for the GPU
         if self.counters.bad_in_a_row >= self.max_bad_steps:

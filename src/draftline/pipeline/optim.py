@@ -50,7 +50,7 @@ def grad_factor(params, scale: torch.Tensor, max_norm: float) -> tuple[torch.Ten
 
 
 def step_with_factor(optimizer: torch.optim.Optimizer, params, factor: torch.Tensor,
-                     skip: torch.Tensor | None = None) -> None:
+                     skip: torch.Tensor | None = None, chunks=None, after_chunk=None) -> None:
     """``optimizer.step()`` on the gradients multiplied by ``factor`` (a device scalar).
 
     A fused AdamW takes the factor inside its own kernel (as ``grad_scale``, the divisor it applies
@@ -62,6 +62,11 @@ def step_with_factor(optimizer: torch.optim.Optimizer, params, factor: torch.Ten
     kernel leaves the weights, moments and step counts as they were (``found_inf``, the other hook of
     mixed-precision scalers), so the update can be queued before the host knows whether the step
     is good.
+
+    ``chunks`` (fused optimizers only): lists of parameters covering ``params``, updated one list at a
+    time in this order, ``after_chunk(i)`` called after list ``i`` is queued (the drafter records an
+    event there, so that a layer's next forward waits for its own update only). The result is the
+    same, bit for bit, as one step over all: the update is elementwise per parameter.
     """
     if not skips_on_device(optimizer):
         if skip is not None:
@@ -76,11 +81,32 @@ def step_with_factor(optimizer: torch.optim.Optimizer, params, factor: torch.Ten
     if skip is not None:
         optimizer.found_inf = skip.float().reshape(())
     try:
-        optimizer.step()
+        if chunks is None:
+            optimizer.step()
+        else:
+            _step_in_chunks(optimizer, chunks, after_chunk)
     finally:
         del optimizer.grad_scale
         if skip is not None:
             del optimizer.found_inf
+
+
+def _step_in_chunks(optimizer: torch.optim.Optimizer, chunks, after_chunk) -> None:
+    """One ``optimizer.step()`` per chunk, each over the chunk's parameters with their own group's
+    settings; the optimizer's groups are restored afterwards (its state is keyed by parameter)."""
+    groups = optimizer.param_groups
+    group_of = {p: i for i, group in enumerate(groups) for p in group["params"]}
+    try:
+        for index, chunk in enumerate(chunks):
+            members = [[] for _ in groups]
+            for p in chunk:
+                members[group_of[p]].append(p)
+            optimizer.param_groups = [dict(group, params=m) for group, m in zip(groups, members) if m]
+            optimizer.step()
+            if after_chunk is not None:
+                after_chunk(index)
+    finally:
+        optimizer.param_groups = groups
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
