@@ -123,6 +123,19 @@ def test_a_stop_agreed_at_a_step_leaves_the_next_untaken_and_each_record_is_read
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # the weights of exactly two steps
 
 
+def test_settle_before_a_failures_checkpoint_counts_the_last_step_without_callbacks_or_raising():
+    torch.manual_seed(0)
+    worker, delivery = _tiny_worker(torch.device("cpu"), torch.float32, compile_layers=False)
+    seen = []
+    worker.on_step = lambda w, vector: seen.append(w.step)
+    worker.max_bad_steps = 1
+    worker.train_on(delivery(0, (300, 200), poison=True))
+    worker.finish_step()
+    assert not worker.settle(notify=False)
+    assert worker.counters.skipped_steps == 1 and seen == []  # counted; no monitor, no checkpoint, no raise
+    assert not worker.settle()  # read once only
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_train_on_makes_no_host_device_sync():

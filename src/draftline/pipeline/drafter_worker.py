@@ -317,10 +317,13 @@ class DrafterWorker:
         self.counters.step = self.step
         self.counters.sync_s += time.perf_counter() - start
 
-    def settle(self) -> bool:
+    def settle(self, notify: bool = True) -> bool:
         """Wait for the record of the step queued last (if not read yet) and account it: skipped steps,
         gradient norm, ``on_step``, the limit of bad steps in a row. Returns True when the drafters agreed
-        at that step to stop. ``finish_step`` calls it; call it once more after the last step."""
+        at that step to stop. ``finish_step`` calls it; call it once more after the last step.
+        ``notify=False`` (before a failure's checkpoint): the counts only, no ``on_step``, no raise."""
+        if self._update_stream is not None:  # what is queued next (a checkpoint's copies) sees the update
+            torch.cuda.current_stream(self.device).wait_stream(self._update_stream)
         if self._queued is None:
             return False
         start = time.perf_counter()
@@ -333,8 +336,8 @@ class DrafterWorker:
             self.counters.bad_in_a_row += 1
         self.counters.last_grad_norm = float(host[-1])
         self.counters.sync_s += time.perf_counter() - start
-        if self._update_stream is not None:  # what on_step queues (a checkpoint's copies) sees the update
-            torch.cuda.current_stream(self.device).wait_stream(self._update_stream)
+        if not notify:
+            return float(host[-2]) > 0
         if self.on_step is not None:
             self.on_step(self, host[:-1])  # on the host: the monitor reads it without waiting for the GPU
         if self.counters.bad_in_a_row >= self.max_bad_steps:

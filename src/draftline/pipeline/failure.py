@@ -78,6 +78,7 @@ def fail(line, exc: BaseException) -> int:
     saver = role.is_logging or (role.is_drafter and role.index == 1 and health.failed_rank == 0)
     if saver and worker is not None and not worker.in_optimizer_step:
         try:
+            worker.settle(notify=False)  # the last step's record (read one step late) and its update, queued
             path = line.save_checkpoint()
             print(f"draftline: checkpoint of the last completed step ({worker.step}) saved to {path}; "
                   "fix the cause and run the same command with --resume", file=sys.stderr, flush=True)
