@@ -15,6 +15,8 @@ step (torch.profiler). Variants (comma-separated, each a '+'-joined set of optio
   packed       the packed 32K-token workload instead of 1 x 3,072 tokens
   flash        the drafter's attention on FlashAttention-4's kernels (``--attention flash``)
   overlap      AdamW per layer on a second stream under the next forward (``--overlap-update``)
+  headtune     the head-loss kernel compiled with inductor's coordinate-descent tuning (block sizes,
+               warps), against the default heuristics
 With ``--detail`` the profiled step also reports where the GPU sat idle (gaps between kernels, and
 the CUDA runtime calls the host spent its time in) and every host-device synchronisation the step
 makes (``torch.cuda.set_sync_debug_mode``), by draftline source line. ``--trace-steps N`` profiles N
@@ -266,6 +268,10 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
 
     if hasattr(head_loss, "fused_on_cuda"):
         head_loss.fused_on_cuda = "plainhead" not in opts
+    if hasattr(head_loss, "_FUSED"):  # each variant compiles the head loss afresh (headtune: tuned)
+        head_loss._FUSED = (torch.compile(head_loss.loss_and_grad_of_logits, dynamic=True,
+                                          options={"coordinate_descent_tuning": True})
+                            if "headtune" in opts else None)
     cfg = build_drafter_config(target_config("8b"), num_hidden_layers=5, block_size=16)
     vocab, hidden = cfg.vocab_size, cfg.hidden_size
     width = len(cfg.dflash_config["target_layer_ids"]) * hidden
