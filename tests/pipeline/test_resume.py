@@ -70,3 +70,40 @@ def test_run_directory_guards(qwen3_target, line_data, tmp_path, capsys):
     assert len(moved) == 1 and (moved[0] / "checkpoints").is_dir()
     assert [s["mode"] for s in read_jsonl(out / "starts.jsonl")] == ["fresh", "fresh"]
     assert main(["train", *args, "--resume", "--from-scratch"]) == 2
+
+
+def test_a_stop_asked_of_one_rank_is_agreed_by_all_and_the_resume_equals_the_uninterrupted_run(
+        qwen3_target, line_data, tmp_path):
+    """Two separate drafter ranks (and a target rank) under torchrun. SIGINT reaches one drafter only;
+    the ranks agree on the step through the step's all-reduced record (read one step late), the
+    checkpoint is that step, and the resumed run's losses equal those of a run never stopped."""
+    import json
+    import os
+
+    from line_helpers import run
+
+    args = ["--gpus", "3", "--targets", "1"]
+    reference_dir = tmp_path / "reference"
+    done = run([*base_args(qwen3_target, line_data, reference_dir, epochs=3, trace=True), *args])
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = step_losses(reference_dir)
+
+    out = tmp_path / "run"
+    run_args = [*base_args(qwen3_target, line_data, out, epochs=3, trace=True, save_every=1000), *args]
+    proc = start(run_args)
+    wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 3, 180, "3 steps", proc)
+    ranks = [json.loads(p.read_text()) for p in sorted((out / "ranks").glob("rank-*.json"))]
+    drafter = next(r for r in ranks if r.get("role") == "drafter" and r.get("role_index") == 1)
+    os.kill(drafter["pid"], signal.SIGINT)  # the second drafter only
+    out_text, err_text = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err_text[-3000:]
+    assert "stopped at step" in out_text
+    stopped_at = int(latest_checkpoint(out).name.split("-")[-1])
+    assert 3 <= stopped_at < len(reference)
+
+    resumed = run([*run_args, "--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    losses = step_losses(out)
+    assert losses.keys() == reference.keys()
+    for step, loss in reference.items():
+        assert losses[step] == pytest.approx(loss, rel=1e-6, abs=1e-9), step
