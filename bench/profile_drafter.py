@@ -162,63 +162,65 @@ def trace_steps(worker, deliveries, settle_each: bool = False, top: int = 0) -> 
         worker.settle()
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
-    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start
-                   and not e.name.startswith(("Optimizer.", "## ")))  # annotations, not kernels
-    marks = [start for start, _, name in spans if "dtoh" in name.lower().replace(" ", "")]  # the step's record copy
+    spans = kernel_spans(prof)
+    marks = [lo for lo, _, name in spans if "dtoh" in name.lower().replace(" ", "")]  # the step's record copy
     order = "each record read at once (the old order)" if settle_each else "records read one step late (as trained)"
     lines = [f"{len(deliveries)} steps back to back under the profiler, {order}; {len(marks)} record copies found"]
     kinds = ("gemm", "flex/attention", "triton (fused)", "adam/optimizer")
     lines.append(f"  {'step':>4s} {'ms':>7s} {'busy':>7s} {'idle':>6s} {'gaps':>5s} " + " ".join(f"{k[:10]:>10s}" for k in kinds))
     for i, (lo, hi) in enumerate(zip(marks, marks[1:])):
-        inside = [(s, e, n) for s, e, n in spans if lo <= s < hi]
-        busy, idle, gaps, end = 0.0, 0.0, 0, lo
+        inside = [span for span in spans if lo <= span[0] < hi]
+        busy, gaps = busy_and_gaps(inside)
         groups: collections.Counter = collections.Counter()
         for s, e, n in inside:
-            if s > end:
-                idle += s - end
-                gaps += 1
-            busy += max(0.0, e - max(s, end))
-            end = max(end, e)
             groups[kernel_kind(n)] += (e - s) / 1e3
-        lines.append(f"  {i + 1:4d} {(hi - lo) / 1e3:7.1f} {busy / 1e3:7.1f} {idle / 1e3:6.1f} {gaps:5d} "
-                     + " ".join(f"{groups[k]:10.1f}" for k in kinds))
-    steps = max(1, len(marks) - 1)
-    by_name: collections.Counter = collections.Counter()
-    calls: collections.Counter = collections.Counter()
-    for s, e, n in spans:
-        if marks and marks[0] <= s < marks[-1]:
-            by_name[n] += (e - s) / 1e3 / steps
-            calls[n] += 1
+        lines.append(f"  {i + 1:4d} {(hi - lo) / 1e3:7.1f} {busy / 1e3:7.1f} {sum(g for g, _ in gaps) / 1e3:6.1f} "
+                     f"{len(gaps):5d} " + " ".join(f"{groups[k]:10.1f}" for k in kinds))
     lines += idle_report(prof, wall)[1:]
     if top:
+        steps = max(1, len(marks) - 1)
+        by_name: collections.Counter = collections.Counter()
+        calls: collections.Counter = collections.Counter()
+        for s, e, n in spans:
+            if marks[0] <= s < marks[-1]:
+                by_name[n] += (e - s) / 1e3 / steps
+                calls[n] += 1
         lines.append("  kernels, ms per step (calls per step), largest first:")
-    for n, ms in by_name.most_common(top):
-        lines.append(f"  {ms:7.2f}  x{calls[n] / steps:5.1f}  {kernel_kind(n)[:10]:10s}  {n[:120]}")
+        for n, ms in by_name.most_common(top):
+            lines.append(f"  {ms:7.2f}  x{calls[n] / steps:5.1f}  {kernel_kind(n)[:10]:10s}  {n[:120]}")
     return lines
+
+
+def kernel_spans(prof) -> list[tuple[float, float, str]]:
+    """(start, end, name) of every CUDA kernel and copy the profiler saw, in start order; the GPU-side
+    annotations (``Optimizer.step#...``, ``## ... ##``) span kernels and are left out."""
+    return sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                  if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start
+                  and not e.name.startswith(("Optimizer.", "## ")))
+
+
+def busy_and_gaps(spans) -> tuple[float, list[tuple[float, float]]]:
+    """The union of the spans' intervals (busy time) and the gaps between them as (length, where it starts)."""
+    busy, gaps, end = 0.0, [], None
+    for start, stop, *_ in spans:
+        if end is not None and start > end:
+            gaps.append((start - end, end))
+        busy += max(0.0, stop - max(start, end if end is not None else start))
+        end = stop if end is None else max(end, stop)
+    return busy, gaps
 
 
 def idle_report(prof, wall: float) -> list[str]:
     """GPU busy time (the union of kernel intervals) against wall time, the largest gaps, and the CUDA
     runtime calls by total host time (a long cudaStreamSynchronize is the host waiting for the GPU)."""
     events = prof.events()
-    spans = sorted((e.time_range.start, e.time_range.end) for e in events
-                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+    spans = kernel_spans(prof)
     if not spans:
         return ["  no kernel intervals recorded"]
-    busy, gaps = 0.0, []
-    lo, hi = spans[0]
-    for start, end in spans[1:]:
-        if start > hi:
-            busy += hi - lo
-            gaps.append((start - hi, hi))
-            lo, hi = start, end
-        else:
-            hi = max(hi, end)
-    busy += hi - lo
-    first = spans[0][0]
+    busy, gaps = busy_and_gaps(spans)
+    first, last = spans[0][0], max(stop for _, stop, _ in spans)
     lines = [f"  GPU busy {busy / 1e3:.1f} ms (union of kernels) from first to last kernel "
-             f"{(hi - spans[0][0]) / 1e3:.1f} ms; wall {1e3 * wall:.1f} ms; "
+             f"{(last - first) / 1e3:.1f} ms; wall {1e3 * wall:.1f} ms; "
              f"{len(gaps)} gaps, {sum(g for g, _ in gaps) / 1e3:.1f} ms idle between kernels"]
     for gap, at in sorted(gaps, reverse=True)[:8]:
         cpu = [e.name for e in events if e.device_type.name == "CPU" and e.time_range.start <= at + gap

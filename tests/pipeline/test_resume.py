@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 
 import pytest
@@ -9,7 +11,7 @@ import torch
 
 from draftline.cli import main
 from draftline.checkpoint.state import latest_checkpoint
-from line_helpers import base_args, read_jsonl, start, step_losses, wait_until
+from line_helpers import base_args, read_jsonl, run, start, step_losses, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -77,11 +79,6 @@ def test_a_stop_asked_of_one_rank_is_agreed_by_all_and_the_resume_equals_the_uni
     """Two separate drafter ranks (and a target rank) under torchrun. SIGINT reaches one drafter only;
     the ranks agree on the step through the step's all-reduced record (read one step late), the
     checkpoint is that step, and the resumed run's losses equal those of a run never stopped."""
-    import json
-    import os
-
-    from line_helpers import run
-
     args = ["--gpus", "3", "--targets", "1"]
     reference_dir = tmp_path / "reference"
     done = run([*base_args(qwen3_target, line_data, reference_dir, epochs=3, trace=True), *args])

@@ -336,8 +336,9 @@ class DrafterWorker:
             self.counters.bad_in_a_row += 1
         self.counters.last_grad_norm = float(host[-1])
         self.counters.sync_s += time.perf_counter() - start
+        stop = float(host[-2]) > 0  # the all-reduced stop flag
         if not notify:
-            return float(host[-2]) > 0
+            return stop
         if self.on_step is not None:
             self.on_step(self, host[:-1])  # on the host: the monitor reads it without waiting for the GPU
         if self.counters.bad_in_a_row >= self.max_bad_steps:
@@ -345,7 +346,7 @@ class DrafterWorker:
                 f"{self.counters.bad_in_a_row} optimizer steps in a row had a non-finite loss or gradient "
                 f"(last at step {self.step}); lower --lr, check the data, or resume from an earlier checkpoint"
             )
-        return float(host[-2]) > 0  # the all-reduced stop flag
+        return stop
 
     def _copy_record(self, record: torch.Tensor):
         """Start copying ``record`` to the host; returns a call that waits for the copy and gives it (a CPU tensor).
