@@ -39,19 +39,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftline.config import OptimConfig
+from draftline.config import TrainConfig
 from draftline.data.batch import PackedBatch
 from draftline.model.attention import auto_backend
 from draftline.model.config import build_drafter_config
-from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import TargetFeatures
 from draftline.monitor.clocks import ClockWatch
 from draftline.monitor.flops import TargetShape, resolve_peak, target_flops
 from draftline.monitor.peak import gpu_spec
-from draftline.objective.loss import DFlashObjective, ObjectiveSettings
-from draftline.pipeline.drafter_worker import DrafterWorker, GradSync
+from draftline.pipeline.build import build_drafter_worker
 from draftline.pipeline.health import Health, local_rank_info
-from draftline.pipeline.optim import build_optimizer, build_scheduler
+from draftline.pipeline.spec import ModelSpec, RunSpec
 from draftline.pipeline.transport import Delivery
 
 SHAPES = {
@@ -187,22 +185,24 @@ def bench_target(args, device, dtype, peak, rows):
 
 
 def make_worker(cfg, device, dtype, max_query_rows, embed, head, head_chunk_rows=4096, compile_layers=True,
-                attention="auto", overlap_update=False):
-    torch.manual_seed(0)
-    drafter = DFlashDrafter(cfg).to(device=device, dtype=torch.float32)
-    settings = ObjectiveSettings(max_anchors=512, head_chunk_rows=head_chunk_rows, attention=attention)
-    objective = DFlashObjective(drafter, embed, head, settings)
-    optim_cfg = OptimConfig()
-    optimizer = build_optimizer(drafter, optim_cfg)
-    scheduler = build_scheduler(optimizer, optim_cfg, 1000)
-    health = Health(local_rank_info(0, "bench", device))
-    worker = DrafterWorker(
-        objective=objective, optimizer=optimizer, scheduler=scheduler, receiver=None,
-        sync=GradSync(list(drafter.parameters()), None, health), health=health, device=device, compute_dtype=dtype,
-        batches_per_step=1, start_step=0, total_steps=10**6, max_query_rows=max_query_rows, grad_clip=1.0,
-        max_bad_steps=10**6, compile_layers=compile_layers, overlap_update=overlap_update,
-    )
-    return worker
+                attention="auto"):
+    """A drafter worker from the product's one builder, for a drafter config alone and random frozen weights."""
+    config = TrainConfig()
+    config.engine.max_query_rows = max_query_rows
+    config.engine.head_chunk_rows = head_chunk_rows
+    config.engine.attention = attention
+    config.engine.compile = compile_layers
+    config.optim.max_bad_steps = 10**6
+    spec = RunSpec.standalone(config, ModelSpec.from_configs(None, cfg), device, dtype=dtype, total_steps=1000)
+    return build_drafter_worker(spec, Health(local_rank_info(0, "bench", device)), embed=embed, head=head)
+
+
+def train_step(worker, delivery) -> None:
+    """One step as the drafter's loop runs it: the step's passes, the record of the step before (read one step
+    late), the step's update queued."""
+    worker.accumulate([delivery])
+    worker.read_record()
+    worker.queue_update()
 
 
 def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
@@ -211,8 +211,7 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
     embed = (torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02)
     head = (torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02)
     worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head, args.head_chunk_rows,
-                         compile_layers=not args.no_compile, attention=args.attention,
-                         overlap_update=args.overlap_update)
+                         compile_layers=not args.no_compile, attention=args.attention)
     batches = make_batches()
 
     def delivery(b):  # one batch's features at a time, made outside the timed window
@@ -246,13 +245,12 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
         for b in batches[2:]:
             d = delivery(b)
             starts.append(ends[-1] if pipelined else mark())  # synced: making the features is left out
-            worker.train_on(d)
-            worker.finish_step()
+            train_step(worker, d)
             ends.append(mark())
             tokens += d.batch.num_tokens
             samples += d.batch.num_docs
             del d
-        worker.settle()  # the last step's record (the loop above read each step's record one step late)
+        worker.read_record()  # the last step's record (the loop above read each step's record one step late)
         sync(device)
     times = [a.elapsed_time(b) / 1e3 if pipelined else b - a for a, b in zip(starts, ends[1:])]
     wall = sum(times)
@@ -313,8 +311,6 @@ def main() -> int:
                         help="the drafter's attention ('flash': flex on FlashAttention-4's kernels)")
     parser.add_argument("--flex-options", type=json.loads, default=None,
                         help="JSON kernel options for flex's Triton kernels (e.g. block sizes), to compare with the default")
-    parser.add_argument("--overlap-update", action="store_true",
-                        help="AdamW per layer on a second stream under the next forward (experimental)")
     parser.add_argument("--sync-each-step", action="store_true",
                         help="time each drafter step alone between device syncs (default: steps back to back, as trained)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["target", "drafter-3072", "drafter-packed"])
@@ -341,7 +337,6 @@ def main() -> int:
     drafter = f"{args.shape} drafter" + ("" if args.attention == "auto" else f" ({args.attention})")
     drafter += " (tuned flex)" if args.flex_options else ""
     drafter += " (synced steps)" if args.sync_each_step else ""
-    drafter += " (overlapped update)" if args.overlap_update else ""
     steps = [
         ("target", lambda: bench_target(args, device, dtype, peak, rows)),
         ("drafter-3072", lambda: bench_drafter(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from types import SimpleNamespace
 
 import torch
 
@@ -23,11 +22,11 @@ from bench_line import random_target  # noqa: E402 - bench/ is on sys.path when 
 from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
 from draftline.model.config import build_drafter_config
-from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import TargetFeatures
-from draftline.objective.loss import DFlashObjective, ObjectiveSettings
 from draftline.pipeline import preflight
-from draftline.pipeline.optim import build_optimizer
+from draftline.pipeline.build import build_drafter_worker
+from draftline.pipeline.health import Health, local_rank_info
+from draftline.pipeline.spec import ModelSpec, RunSpec
 
 
 def main() -> None:
@@ -43,8 +42,6 @@ def main() -> None:
     drafter_cfg = build_drafter_config(model.config, num_hidden_layers=5, block_size=16)
     layer_ids = drafter_cfg.dflash_config["target_layer_ids"]
     target = TargetFeatures.from_model(model, layer_ids)
-    drafter = DFlashDrafter(drafter_cfg).to(device)
-    objective = DFlashObjective(drafter, target.embed_weight(), target.head_weight(), ObjectiveSettings())
     build_s = time.perf_counter() - started
     print(f"built the {args.shape} target and a 5-layer drafter in {build_s:.1f} s", flush=True)
     results = {"shape": args.shape, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -54,25 +51,24 @@ def main() -> None:
             config = TrainConfig()
             config.data.token_budget = budget
             config.topology.q_hs = q_hs
-            line = SimpleNamespace(config=config, device=device, role=SimpleNamespace(num_targets=1), dtype=torch.bfloat16,
-                                   health=SimpleNamespace(info=SimpleNamespace(describe=lambda: "colocated rank 0")),
-                                   feature_width=len(layer_ids) * model.config.hidden_size, run_dir=None,
-                                   env=SimpleNamespace(rank=0), start_step=0)
-            optimizer = build_optimizer(drafter, config.optim)
-            record = {"token_budget": budget, "q_hs": q_hs, "max_query_rows": config.engine.max_query_rows}
+            spec = RunSpec.standalone(config, ModelSpec.from_configs(model.config, drafter_cfg), device)
+            worker = build_drafter_worker(spec, Health(local_rank_info(0, "colocated", device)), target=target)
+            who = "colocated rank 0"
+            record = {"token_budget": budget, "q_hs": q_hs, "max_query_rows": config.engine.max_query_rows,
+                      "measured": {}}
             t0 = time.perf_counter()
             try:
-                preflight.preflight_target(line, target)
+                result = preflight.preflight_target(spec, target, who)
+                record["measured"]["target"] = result.measured
                 record["target_s"] = time.perf_counter() - t0
                 t1 = time.perf_counter()
-                preflight.preflight_drafter(line, objective, optimizer, target)
+                record["measured"]["drafter"] = preflight.preflight_drafter(spec, worker, who, result).measured
                 record["drafter_s"] = time.perf_counter() - t1
                 record["outcome"] = "accepted"
             except DraftlineError as exc:
                 record["outcome"] = f"refused: {exc}"
             record["total_s"] = time.perf_counter() - t0
-            record["measured"] = getattr(line, "preflight_measured", {})
-            del optimizer
+            del worker
             torch.cuda.empty_cache()
             results["runs"].append(record)
             print(f"== budget {budget:,}, q_hs {q_hs}: {record['total_s']:.1f} s, {record['outcome'][:400]}", flush=True)

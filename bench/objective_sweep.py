@@ -78,14 +78,15 @@ def _config(data: Path, seed: int, epochs: int | None, conversations_out: Path):
 
 class Variant:
     def __init__(self, name, config, device, embed, head, total_steps):
-        from draftline.pipeline.build import build_drafter
         from draftline.objective.loss import DFlashObjective, ObjectiveSettings
+        from draftline.pipeline.build import build_drafter
         from draftline.pipeline.optim import build_optimizer, build_scheduler
+        from draftline.pipeline.spec import ModelSpec, RunSpec
 
         change = VARIANTS[name]
         self.name = name
         config.model.init_from_target = change.get("init_from_target", True)
-        self.drafter = build_drafter(config, device)
+        self.drafter = build_drafter(RunSpec.standalone(config, ModelSpec.resolve(config), device))
         if "fc_init" in change:
             select_fc_(self.drafter.fc, change["fc_init"])
         settings = ObjectiveSettings(
@@ -165,14 +166,14 @@ def main() -> None:
     from draftline.evaluate.acceptance import measure_acceptance
     from draftline.evaluate.prompts import read_prompts
     from draftline.model.target import TargetFeatures, load_embedding_and_head
-    from draftline.pipeline.build import drafter_config, plan_data
+    from draftline.pipeline.spec import ModelSpec, plan_data
 
     torch.backends.cuda.matmul.allow_tf32 = False
     device = torch.device(args.device)
     names = args.variants.split(",")
     cfg, config = _config(args.data, args.seed, args.epochs, args.out.parent)
-    plan = plan_data(config, args.data)
-    layer_ids = drafter_config(config).dflash_config["target_layer_ids"]
+    plan = plan_data(config, args.data, 1)
+    layer_ids = list(ModelSpec.resolve(config).layer_ids)
     distill = any(VARIANTS[n].get("distill", 0) > 0 for n in names)
     target = TargetFeatures(TARGET, layer_ids, device=device, dtype=torch.float32, final_hidden=distill,
                             attn_implementation="sdpa")

@@ -3,7 +3,7 @@
     python bench/profile_drafter.py --variants eager,compile --out /tmp/prof   # on a GPU
 
 Each variant builds a fresh drafter worker (bench_line's), warms it up, times ``--iters`` steps
-(train_on + finish_step, synchronised; median ms/sample), and records peak memory per phase of one
+(``bench_line.train_step``, synchronised; median ms/sample), and records peak memory per phase of one
 step (forward, backward, optimizer). Optionally (``--detail``) it also lists the tensors saved for
 backward by source line (autograd saved-tensor hooks, eager only) and the top CUDA kernels of one
 step (torch.profiler). Variants (comma-separated, each a '+'-joined set of options):
@@ -14,9 +14,6 @@ step (torch.profiler). Variants (comma-separated, each a '+'-joined set of optio
   chunk2048    2,048 rows of logits per head chunk (default 4,096)
   packed       the packed 32K-token workload instead of 1 x 3,072 tokens
   flash        the drafter's attention on FlashAttention-4's kernels (``--attention flash``)
-  overlap      AdamW per layer on a second stream under the next forward (``--overlap-update``)
-  headtune     the head-loss kernel compiled with inductor's coordinate-descent tuning (block sizes,
-               warps), against the default heuristics
 With ``--detail`` the profiled step also reports where the GPU sat idle (gaps between kernels, and
 the CUDA runtime calls the host spent its time in) and every host-device synchronisation the step
 makes (``torch.cuda.set_sync_debug_mode``), by draftline source line. ``--trace-steps N`` profiles N
@@ -40,7 +37,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_line import lognormal_lengths, make_worker, packed_batch, target_config  # noqa: E402
+from bench_line import lognormal_lengths, make_worker, packed_batch, target_config, train_step  # noqa: E402
 
 from draftline.model.config import build_drafter_config  # noqa: E402
 from draftline.monitor.clocks import ClockWatch  # noqa: E402
@@ -99,7 +96,8 @@ def phase_memory(worker, delivery, device, dtype) -> dict:
     torch.cuda.synchronize()
     out["peak_backward"] = torch.cuda.max_memory_allocated() / GIB
     torch.cuda.reset_peak_memory_stats()
-    worker.finish_step()
+    worker.read_record()
+    worker.queue_update()
     torch.cuda.synchronize()
     out["peak_optimizer"] = torch.cuda.max_memory_allocated() / GIB
     out["end"] = torch.cuda.memory_allocated() / GIB
@@ -112,8 +110,7 @@ def kernel_report(worker, delivery, top: int) -> tuple[list[str], dict]:
     torch.cuda.synchronize()
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        worker.train_on(delivery)
-        worker.finish_step()
+        train_step(worker, delivery)
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
     events = [e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"]
@@ -150,16 +147,15 @@ def trace_steps(worker, deliveries, settle_each: bool = False, top: int = 0) -> 
     before the host ran a step ahead), for comparison in one process."""
     from torch.profiler import ProfilerActivity, profile
 
-    worker.settle()
+    worker.read_record()
     torch.cuda.synchronize()
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for d in deliveries:
-            worker.train_on(d)
-            worker.finish_step()
+            train_step(worker, d)
             if settle_each:
-                worker.settle()
-        worker.settle()
+                worker.read_record()
+        worker.read_record()
         torch.cuda.synchronize()
     wall = time.perf_counter() - start
     spans = kernel_spans(prof)
@@ -256,8 +252,7 @@ def sync_report(worker, delivery) -> list[str]:
         warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            worker.train_on(delivery)
-            worker.finish_step()
+            train_step(worker, delivery)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
@@ -266,36 +261,21 @@ def sync_report(worker, delivery) -> list[str]:
 
 def run_variant(name: str, args, device, dtype, peak) -> dict:
     opts = set(name.split("+"))
-    import draftline.objective.head_loss as head_loss
-
-    if hasattr(head_loss, "fused_on_cuda"):
-        head_loss.fused_on_cuda = "plainhead" not in opts
-    if hasattr(head_loss, "_FUSED"):  # each variant compiles the head loss afresh (headtune: tuned)
-        head_loss._FUSED = (torch.compile(head_loss.loss_and_grad_of_logits, dynamic=True,
-                                          options={"coordinate_descent_tuning": True})
-                            if "headtune" in opts else None)
     cfg = build_drafter_config(target_config("8b"), num_hidden_layers=5, block_size=16)
     vocab, hidden = cfg.vocab_size, cfg.hidden_size
     width = len(cfg.dflash_config["target_layer_ids"]) * hidden
     torch.manual_seed(0)
     embed = torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02
     head = torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02
-    try:
-        worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head,
-                             compile_layers="compile" in opts, attention="flash" if "flash" in opts else "auto",
-                             overlap_update="overlap" in opts)
-    except TypeError:  # an older make_worker (the main branch's bench_line): never compiles itself
-        worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head)
-        if "compile" in opts:
-            from draftline.model.fused import compile_drafter
-
-            compile_drafter(worker.drafter)
+    worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head,
+                         compile_layers="compile" in opts, attention="flash" if "flash" in opts else "auto")
+    worker.objective.settings.fused_head = "plainhead" not in opts
     if "chunk2048" in opts:
         worker.objective.settings.head_chunk_rows = 2048
     if "ckpt" in opts:
-        from draftline.pipeline.drafter_worker import _checkpoint_layers
+        from draftline.pipeline.drafter_worker import checkpoint_layers
 
-        _checkpoint_layers(worker.drafter)
+        checkpoint_layers(worker.drafter)
     n = args.iters + args.warmup
     if "packed" in opts:
         batches = [packed_batch(lognormal_lengths(np.random.default_rng(i), 32768), vocab, i, i) for i in range(n)]
@@ -305,8 +285,7 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
     result: dict = {"variant": name}
     t0 = time.perf_counter()
     for d in deliveries[: args.warmup]:
-        worker.train_on(d)
-        worker.finish_step()
+        train_step(worker, d)
     torch.cuda.synchronize()
     result["warmup_s"] = time.perf_counter() - t0
     torch.cuda.empty_cache()
@@ -316,8 +295,7 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
     with ClockWatch(device) as clock:
         for d in deliveries[args.warmup :]:
             start = time.perf_counter()
-            worker.train_on(d)
-            worker.finish_step()
+            train_step(worker, d)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
             samples += d.batch.num_docs

@@ -47,7 +47,7 @@ def measured_times(args):
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_line import make_worker
+    from bench_line import make_worker, train_step
 
     from draftline.data.dataset import TokenDataset
     from draftline.model.config import build_drafter_config
@@ -70,8 +70,7 @@ def measured_times(args):
         batch = dataset.packed_batch(indices, 0, i)
         delivery = Delivery(i, torch.randn(batch.num_tokens, width, dtype=dtype), batch)
         start = time.perf_counter()
-        worker.train_on(delivery)
-        worker.finish_step()
+        train_step(worker, delivery)
         times.append(time.perf_counter() - start)
     return np.array(times[1:]), {tuple(sorted(b.tolist())): i for i, b in enumerate(batches)}, dataset
 

@@ -113,3 +113,54 @@ def make_qwen3_5_vl_target(path, *, seed=0):
     weights["mtp.layers.0.mlp.up_proj.weight"] = torch.randn(128, 64)
     save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
     return path
+
+
+def packed_batch(lengths, vocab, seed, index=0):
+    """Random documents of ``lengths`` packed in one batch; the last 80% of each is response (trained)."""
+    from draftline.data.batch import PackedBatch
+
+    g = torch.Generator().manual_seed(seed)
+    docs = []
+    for n in lengths:
+        ids = torch.randint(0, vocab - 1, (n,), generator=g).tolist()
+        prompt = max(1, n // 5)
+        docs.append((ids, [i >= prompt for i in range(n)]))
+    return PackedBatch.from_documents(docs, sample_ids=list(range(index * 1000, index * 1000 + len(docs))), index=index)
+
+
+def tiny_drafter_worker(device, dtype, max_query_rows=2048, *, head_chunk_rows=4096, compile_layers=False,
+                        max_bad_steps=20, total_steps=1000, max_anchors=512):
+    """A drafter worker from the product's builder (2 layers, block 16, random frozen embedding and head) and a
+    function ``delivery(seed, lengths=..., poison=False)`` that makes a batch of random features for it."""
+    from transformers import Qwen3Config
+
+    from draftline.config import TrainConfig
+    from draftline.model.config import build_drafter_config
+    from draftline.pipeline.build import build_drafter_worker
+    from draftline.pipeline.health import Health, local_rank_info
+    from draftline.pipeline.spec import ModelSpec, RunSpec
+    from draftline.pipeline.transport import Delivery
+
+    target = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
+    cfg = build_drafter_config(target, num_hidden_layers=2, block_size=16, target_layer_ids=[1, 2])
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype) * 0.02
+    head = torch.randn(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype) * 0.02
+    config = TrainConfig()
+    config.engine.max_query_rows = max_query_rows
+    config.engine.head_chunk_rows = head_chunk_rows
+    config.optim.max_bad_steps = max_bad_steps
+    config.data.max_anchors = max_anchors
+    spec = RunSpec.standalone(config, ModelSpec.from_configs(target, cfg), device, dtype=dtype, total_steps=total_steps)
+    worker = build_drafter_worker(spec, Health(local_rank_info(0, "test", device)), embed=embed, head=head,
+                                  compile_layers=compile_layers)
+    width = spec.model.feature_width
+
+    def delivery(seed, lengths=(700, 1300, 400, 900), poison=False):
+        batch = packed_batch(list(lengths), cfg.vocab_size, seed, seed)
+        features = torch.randn(batch.num_tokens, width, device=device, dtype=dtype)
+        if poison:
+            features[5, 3] = float("nan")
+        return Delivery(seed, features, batch)
+
+    return worker, delivery

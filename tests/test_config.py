@@ -172,7 +172,17 @@ def test_final_acceptance_settings_flags_defaults_and_checks():
     assert (config.monitor.eval_final_num_prompts, config.monitor.eval_final_max_new_tokens) == (None, 256)
     config = config_from_args(parser.parse_args([*base, "--eval-num-prompts", "4", "--eval-max-new-tokens", "32",
                                                  "--eval-final-num-prompts", "24", "--eval-final-max-new-tokens", "64"]))
-    evaluation = InTrainingEvaluation(config, plan=None, device=None, dtype=None, logger=None)
+    import torch
+    from transformers import Qwen3Config
+
+    from draftline.model.config import build_drafter_config
+    from draftline.pipeline.shard import DrafterGroup
+    from draftline.pipeline.spec import ModelSpec, RunSpec
+
+    target = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    model = ModelSpec.from_configs(target, build_drafter_config(target, num_hidden_layers=1, block_size=4))
+    evaluation = InTrainingEvaluation(RunSpec.standalone(config, model, torch.device("cpu")), DrafterGroup(), None)
     assert evaluation.settings(final=False) == (4, 32) and evaluation.settings(final=True) == (24, 64)
     validate(config)
     config.monitor.eval_final_num_prompts = 0

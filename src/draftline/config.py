@@ -24,10 +24,10 @@ from draftline.errors import DraftlineError
 class ModelConfig:
     target: str = ""
     """Hugging Face model directory of the frozen target."""
-    draft_layers: int = 5
-    """Decoder layers in the drafter."""
-    block_size: int = 16
-    """Tokens per block: the anchor plus block_size - 1 draft slots."""
+    draft_layers: int | None = None
+    """Decoder layers in the drafter; None = 5 (or, with init_drafter, that drafter's)."""
+    block_size: int | None = None
+    """Tokens per block: the anchor plus block_size - 1 draft slots; None = 16 (or, with init_drafter, that drafter's)."""
     target_layer_ids: list[int] | None = None
     """Target layers whose outputs feed the drafter; None = the z-lab rule for draft_layers."""
     mask_token_id: int | None = None
@@ -38,8 +38,10 @@ class ModelConfig:
     """Per drafter layer: 'full_attention' (default) or 'sliding_attention'."""
     init_drafter: str | None = None
     """Warm start: a drafter directory (e.g. a released z-lab drafter) to start from."""
-    init_from_target: bool = False
-    """Start the drafter from the target's top layers and final norm (fc passes the deepest feature through)."""
+    init_from_target: bool | None = None
+    """Start the drafter from the target's top layers: every tensor whose name and shape match (MLP, norms;
+    an attention block only whole), the final norm, fc passing the deepest feature layer through.
+    None = yes (unless init_drafter); False (--random-init) = random normal(0, 0.02) weights."""
     dtype: str = "auto"
     """Compute dtype: 'auto' (bf16 on GPU, fp32 on CPU), 'bfloat16' or 'float32'. Master weights stay fp32."""
 
@@ -361,8 +363,9 @@ def validate(config: TrainConfig) -> None:
     if not config.data.data:
         raise DraftlineError("data.data (--data) is required: a prepared dataset directory or input files")
     m, d, o, t, c, e = config.model, config.data, config.optim, config.topology, config.checkpoint, config.engine
-    _positive(m.draft_layers, "model.draft_layers (--draft-layers)")
-    if m.block_size < 2:
+    if m.draft_layers is not None:
+        _positive(m.draft_layers, "model.draft_layers (--draft-layers)")
+    if m.block_size is not None and m.block_size < 2:
         raise DraftlineError(f"model.block_size (--block-size) must be >= 2, got {m.block_size}")
     if m.dtype not in ("auto", "bfloat16", "float32"):
         raise DraftlineError(f"model.dtype must be auto, bfloat16 or float32, got {m.dtype!r}")
@@ -400,6 +403,8 @@ def validate(config: TrainConfig) -> None:
     _positive(t.failure_timeout_s, "topology.failure_timeout_s")
     if m.init_drafter and m.init_from_target:
         raise DraftlineError("--init-drafter and --init-from-target both set the starting weights; pick one")
+    if m.init_drafter and m.init_from_target is False:
+        raise DraftlineError("--init-drafter and --random-init both set the starting weights; pick one")
     if c.resume and c.from_scratch:
         raise DraftlineError("--resume and --from-scratch contradict each other; pick one")
     _positive(c.keep, "checkpoint.keep (--keep)")
@@ -411,7 +416,7 @@ def validate(config: TrainConfig) -> None:
     _positive(mon.eval_final_max_new_tokens, "monitor.eval_final_max_new_tokens (--eval-final-max-new-tokens)")
     if e.attention not in ("auto", "flex", "flash", "dense"):
         raise DraftlineError(f"engine.attention must be auto, flex, flash or dense, got {e.attention!r}")
-    if e.max_query_rows < m.block_size:
+    if e.max_query_rows < (m.block_size or 2):
         raise DraftlineError(f"engine.max_query_rows={e.max_query_rows} must hold at least one block ({m.block_size} rows)")
     _positive(e.head_chunk_rows, "engine.head_chunk_rows")
 

@@ -7,6 +7,7 @@ import errno
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,7 +57,9 @@ def test_round_trip_with_a_manifest(trainer, tmp_path):
     drafter, optimizer, scheduler = trainer
     path = _save(tmp_path, trainer, 5, wait=True)
     manifest = json.loads((path / "manifest.json").read_text())
-    assert set(manifest["files"]) == {"trainer.pt", "drafter/model.safetensors", "drafter/config.json"}
+    assert {"trainer.pt", "trainer.json", "drafter/model.safetensors", "drafter/config.json",
+            "state/.metadata"} <= set(manifest["files"])
+    assert any(name.startswith("state/") and name.endswith(".distcp") for name in manifest["files"])
     assert verify_checkpoint(path) is None and latest_checkpoint(tmp_path) == path
     expected = _weights(drafter)
     moments = {k: v["exp_avg"].clone() for k, v in optimizer.state_dict()["state"].items()}
@@ -75,14 +78,14 @@ def test_round_trip_with_a_manifest(trainer, tmp_path):
 def test_save_returns_before_the_write_and_keeps_the_state_of_the_call(trainer, tmp_path, monkeypatch):
     drafter = trainer[0]
     release, writing = threading.Event(), threading.Event()
-    real_write = ckpt._write
+    real_write = ckpt._finish
 
     def slow_write(*args):
         writing.set()
         assert release.wait(30)
         return real_write(*args)
 
-    monkeypatch.setattr(ckpt, "_write", slow_write)
+    monkeypatch.setattr(ckpt, "_finish", slow_write)
     expected = _weights(drafter)
     started = time.perf_counter()
     path = _save(tmp_path, trainer, 1)
@@ -132,14 +135,18 @@ def test_a_full_disk_leaves_the_previous_checkpoint_whole(trainer, tmp_path, mon
     real_save = torch.save
 
     def disk_fills(obj, path, *args, **kwargs):  # half of trainer.pt reaches the disk, then ENOSPC
+        if not isinstance(path, (str, Path)):  # DCP's own serialisation into memory
+            return real_save(obj, path, *args, **kwargs)
         real_save(obj, path, *args, **kwargs)
         data = open(path, "rb").read()
         open(path, "wb").write(data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(ckpt.torch, "save", disk_fills)
-    with pytest.raises(DraftlineError, match=r"could not write checkpoint .*step-00000002: the disk is full .*"
-                                             r"step-00000001 is whole; free space"):
+    with pytest.raises(DraftlineError, match=r"could not write checkpoint .*step-00000002: the disk is full .*: "
+                                             r"[\d.]+ [MG]iB free on .*checkpoints, and a checkpoint takes about "
+                                             r"[\d.]+ [MG]iB; .*step-00000001 is whole and --resume continues from it; "
+                                             r"free space"):
         _save(tmp_path, trainer, 2, wait=True)
     folder = tmp_path / "checkpoints"
     assert sorted(p.name for p in folder.iterdir()) == ["latest", "step-00000001"]  # no half checkpoint, no temp dir
@@ -192,8 +199,8 @@ def test_a_write_cut_by_a_crash_is_invisible_and_cleaned_up(trainer, tmp_path):
 def test_a_save_while_handling_a_failure_is_on_disk_when_it_returns(trainer, tmp_path, monkeypatch):
     """The failure path saves, then the process may end with os._exit: that save must not be left to the thread."""
     release = threading.Event()
-    real_write = ckpt._write
-    monkeypatch.setattr(ckpt, "_write", lambda *args: (release.wait(0.5), real_write(*args))[1])
+    real_write = ckpt._finish
+    monkeypatch.setattr(ckpt, "_finish", lambda *args: (release.wait(0.5), real_write(*args))[1])
     try:
         raise RuntimeError("a rank died")
     except RuntimeError:

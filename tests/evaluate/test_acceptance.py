@@ -64,23 +64,3 @@ def _fake_generation():
     from draftline.evaluate.speculative import Generation
 
     return Generation([1, 2, 3, 4, 5], [1], 3)
-
-
-def test_in_training_measurement_cadence_and_out_of_memory():
-    from types import SimpleNamespace
-
-    from draftline.evaluate.acceptance import eval_interval, evaluate_in_training
-
-    assert eval_interval(None, 665) == 66 and eval_interval(None, 5) == 1 and eval_interval(None, 0) == 0
-    assert eval_interval(0, 665) == 0 and eval_interval(25, 665) == 25
-    with pytest.raises(ValueError, match="eval_every"):
-        eval_interval(-1, 10)
-    monitor = SimpleNamespace(eval_every=None)
-    assert evaluate_in_training(lambda: {"tau": 2.0}, monitor) == {"tau": 2.0} and monitor.eval_every is None
-
-    def out_of_memory():
-        raise torch.OutOfMemoryError("CUDA out of memory")
-
-    assert evaluate_in_training(out_of_memory, monitor) is None and monitor.eval_every == 0
-    with pytest.raises(RuntimeError):  # anything else is a real failure
-        evaluate_in_training(lambda: (_ for _ in ()).throw(RuntimeError("bug")), monitor)

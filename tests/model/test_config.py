@@ -77,12 +77,14 @@ def _qwen3_6_27b_text_config():
 
 def test_hybrid_target_defaults_follow_the_public_drafter():
     """z-lab's Qwen3.6-27B-DFlash: 5 layers of the target's width, layers [1, 16, 31, 46, 61], block 16,
-    mask token 248070, sliding x4 + full with window 2048."""
+    mask token 248070, sliding x4 + full with window 2048, 32 attention heads of 128 with 8 KV heads (the
+    target has gated 24 x 256 with 4)."""
     config = build_drafter_config(_qwen3_6_27b_text_config())
     assert config.hidden_size == 5120 and config.num_hidden_layers == 5 and config.block_size == 16
     assert config.dflash_config == {"mask_token_id": 248070, "target_layer_ids": [1, 16, 31, 46, 61]}
     assert config.layer_types == ["sliding_attention"] * 4 + ["full_attention"] and config.sliding_window == 2048
     assert config.intermediate_size == 17408 and config.rope_parameters["rope_theta"] == 1e7
+    assert (config.num_attention_heads, config.head_dim, config.num_key_value_heads) == (32, 128, 8)
     assert "partial_rotary_factor" not in config.rope_parameters  # the drafter rotates whole heads
 
 
@@ -90,3 +92,4 @@ def test_moe_target_without_dense_width(qwen3_5_moe_target):
     config = build_drafter_config(load_target_config(qwen3_5_moe_target), num_hidden_layers=2)
     assert config.intermediate_size == 3 * config.hidden_size
     assert config.layer_types == ["sliding_attention", "full_attention"]
+    assert (config.num_attention_heads, config.head_dim, config.num_key_value_heads) == (32, 128, 4)

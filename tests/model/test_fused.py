@@ -62,8 +62,8 @@ def test_compiled_layers_keep_state_dict_and_capture_whole_halves(qwen3_target):
     ref_out, ref_grads = _run(eager, [40, 23], torch.device("cpu"), torch.float32)
     out, grads = _run(compiled, [40, 23], torch.device("cpu"), torch.float32)
     torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
-    for name, grad in grads.items():
-        torch.testing.assert_close(grad, ref_grads[name], rtol=1e-4, atol=1e-6)
+    for name, grad in grads.items():  # fp32 summation order differs between the graphs: norm-relative
+        assert _rel(grad, ref_grads[name]) < 1e-5, name
 
 
 def _rel(a, b):

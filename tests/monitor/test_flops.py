@@ -26,11 +26,10 @@ from draftline.monitor.flops import (
     linear_flops,
     measure_peak_flops,
     mfu,
-    reference_drafter_flops,
-    reference_target_flops,
     resolve_peak,
     target_flops,
 )
+from draftline.monitor.reference import reference_drafter_flops, reference_target_flops
 
 TINY_TARGET = TargetShape.uniform(hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
                                   num_layers=3, vocab_size=10)

@@ -117,8 +117,6 @@ def test_functional_chunk_body_equals_plain(distill, multiplier, softcap):
 @pytest.mark.parametrize("distill", [0.0, 0.5])
 def test_compiled_head_loss_on_cuda_equals_eager(distill):
     """bf16 on CUDA: the compiled chunk body matches the eager in-place loop (loss, hits, gradient)."""
-    import draftline.objective.head_loss as hl
-
     torch.manual_seed(3)
     device = "cuda"
     h = torch.randn(3000, 256, device=device, requires_grad=True)
@@ -129,12 +127,8 @@ def test_compiled_head_loss_on_cuda_equals_eager(distill):
     kw = dict(chunk_rows=1024, teacher=teacher if distill else None, distill=distill)
     results = []
     for fused in (False, True):
-        hl.fused_on_cuda = fused
-        try:
-            loss, correct = chunked_head_loss(h, w, labels, weights, **kw)
-            (grad,) = torch.autograd.grad(loss, h)
-        finally:
-            hl.fused_on_cuda = True
+        loss, correct = chunked_head_loss(h, w, labels, weights, fused=fused, **kw)
+        (grad,) = torch.autograd.grad(loss, h)
         results.append((loss, correct, grad))
     (l0, c0, g0), (l1, c1, g1) = results
     torch.testing.assert_close(l1, l0, rtol=1e-4, atol=1e-3)

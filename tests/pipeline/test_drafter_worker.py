@@ -1,50 +1,27 @@
-"""pipeline/drafter_worker.py: a step with a non-finite loss or gradient is left out (on the device flag of
-the fused AdamW: weights, moments and step counts as before), counted, and too many in a row stop training;
-a step's record is read one step late and what it decides stays exact (a stop agreed at step k leaves
+"""pipeline/drafter_worker.py and pipeline/loop.py: a step with a non-finite loss or gradient is left out (on the
+device flag of the fused AdamW: weights, moments and step counts as before), counted, and too many in a row stop
+training; a step's record is read one step late and what it decides stays exact (a stop agreed at step k leaves
 step k + 1 untaken); on a GPU, a batch's passes queue their work without waiting for the device.
 
 A synchronising call in a pass (a host number assigned into a CUDA tensor, a copy from pageable
 memory) makes the host wait for every kernel in flight, and the GPU then idles while the host
-prepares what comes next. The one wait a step makes on purpose is in ``finish_step`` (the record of
-the step before: metrics, gradient norm, stop flag); ``train_on`` must make none.
+prepares what comes next. The one wait a step makes on purpose is ``read_record`` (the record of
+the step before: metrics, gradient norm, stop flag); ``accumulate`` must make none.
 """
 
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen3Config
 
 from draftline.errors import DraftlineError
-from draftline.model.config import build_drafter_config
-from draftline.pipeline.transport import Delivery
+from draftline.pipeline import loop
+from draftline.pipeline.spec import RunSpec
+from helpers import tiny_drafter_worker
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from bench_line import make_worker, packed_batch  # noqa: E402
-
-
-
-def _tiny_worker(device, dtype, max_query_rows=2048, **kwargs):
-    target = Qwen3Config(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
-    cfg = build_drafter_config(target, num_hidden_layers=2, block_size=16, target_layer_ids=[1, 2])
-    embed = torch.randn(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype) * 0.02
-    head = torch.randn(cfg.vocab_size, cfg.hidden_size, device=device, dtype=dtype) * 0.02
-    worker = make_worker(cfg, device, dtype, max_query_rows, embed, head, **kwargs)
-    width = len(cfg.dflash_config["target_layer_ids"]) * cfg.hidden_size
-
-    def delivery(seed, lengths=(700, 1300, 400, 900), poison=False):
-        batch = packed_batch(list(lengths), cfg.vocab_size, seed, seed)
-        features = torch.randn(batch.num_tokens, width, device=device, dtype=dtype)
-        if poison:
-            features[5, 3] = float("nan")
-        return Delivery(seed, features, batch)
-
-    return worker, delivery
+LENGTHS = (72, 40)
 
 
 def _state(worker):
@@ -54,17 +31,24 @@ def _state(worker):
     return params, moments
 
 
+def _step(worker, delivery):
+    """One step in the loop's order: this step's passes, the step before's record, this step's update."""
+    worker.accumulate([delivery])
+    record = worker.read_record()
+    worker.queue_update()
+    return record
+
+
 def test_a_non_finite_step_is_left_out_counted_and_too_many_stop_training():
     torch.manual_seed(0)
-    worker, delivery = _tiny_worker(torch.device("cpu"), torch.float32, compile_layers=False)
-    lengths = (300, 200)
-    worker.train_on(delivery(0, lengths))
-    worker.finish_step()  # a good step: the moments exist
+    worker, delivery = tiny_drafter_worker(torch.device("cpu"), torch.float32, max_anchors=16)
+    _step(worker, delivery(0, LENGTHS))  # a good step: the moments exist
     before = _state(worker)
-    worker.train_on(delivery(1, lengths, poison=True))
-    assert not worker.finish_step()  # reads step 1's record, queues step 2
+    record = _step(worker, delivery(1, LENGTHS, poison=True))  # reads step 1's record, queues step 2
+    assert record.step == 1 and record.finite
     assert worker.step == 2 and worker.counters.skipped_steps == 0  # step 2's record is read one step late
-    assert not worker.settle()
+    record = worker.read_record()
+    assert record.step == 2 and not record.finite
     assert worker.counters.skipped_steps == 1 and worker.counters.bad_in_a_row == 1
     assert not math.isfinite(worker.counters.last_grad_norm)
     after = _state(worker)
@@ -72,119 +56,103 @@ def test_a_non_finite_step_is_left_out_counted_and_too_many_stop_training():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] == 1.0
                for x, y in zip(before[1], after[1]))
-    worker.train_on(delivery(2, lengths))
-    worker.finish_step()  # good again: the weights move, the run of bad steps ends
-    worker.settle()
+    _step(worker, delivery(2, LENGTHS))  # good again: the weights move, the run of bad steps ends
+    worker.read_record()
     assert worker.counters.bad_in_a_row == 0 and worker.counters.skipped_steps == 1
     assert any(not torch.equal(a, p) for a, p in zip(after[0], worker.params))
     worker.max_bad_steps = 2
-    worker.train_on(delivery(3, lengths, poison=True))
-    worker.finish_step()
-    worker.train_on(delivery(4, lengths, poison=True))
-    worker.finish_step()  # reads step 4's record: one bad step so far
+    _step(worker, delivery(3, LENGTHS, poison=True))
+    _step(worker, delivery(4, LENGTHS, poison=True))  # reads step 4's record: one bad step so far
     with pytest.raises(DraftlineError, match="2 optimizer steps in a row had a non-finite loss or gradient"):
-        worker.settle()
+        worker.read_record()
 
 
-def test_a_stop_agreed_at_a_step_leaves_the_next_untaken_and_each_record_is_read_once_in_order():
-    lengths = (300, 200)
+class _Receiver:
+    def __init__(self, deliveries):
+        self.deliveries = list(deliveries)
 
-    def worker_with_log(stop_at=None):
-        torch.manual_seed(0)
-        worker, delivery = _tiny_worker(torch.device("cpu"), torch.float32, compile_layers=False)
-        seen = []
-        worker.on_step = lambda w, vector: seen.append((w.step, float(vector[0])))
-        worker.stop_requested = lambda: stop_at is not None and worker.step + 1 == stop_at  # asked during step stop_at
-        return worker, delivery, seen
+    def get(self):
+        return (self.deliveries.pop(0) if self.deliveries else None), 0.0
 
-    reference, delivery, ref_seen = worker_with_log()
-    for seed in range(3):
-        reference.train_on(delivery(seed, lengths))
-        assert not reference.finish_step()
-    reference.settle()
-    assert [step for step, _ in ref_seen] == [1, 2, 3]  # every step accounted once, in order
-    assert not reference.settle()  # nothing left to read
 
-    worker, delivery, seen = worker_with_log(stop_at=2)
-    for seed in range(2):
-        worker.train_on(delivery(seed, lengths))
-        assert not worker.finish_step()
-    worker.train_on(delivery(2, lengths))  # step 3's batch: trained before step 2's record is read
-    assert worker.finish_step()  # step 2 agreed to stop: step 3 is not taken
-    assert worker.step == 2 and [step for step, _ in seen] == [1, 2]
-    assert seen == ref_seen[:2]  # the same losses as the run that went on
-    assert all(p.grad is None for p in worker.params)  # step 3's gradients dropped
-    two_steps, _ = worker_with_log()[:2]
-    for seed in range(2):
-        two_steps.train_on(delivery(seed, lengths))
-        two_steps.finish_step()
-    two_steps.settle()
-    for a, b in zip(worker.params, two_steps.params):
+class _Monitor:
+    def __init__(self):
+        self.records, self.measured = [], {}
+
+    def on_step(self, record, worker):
+        self.records.append((record.step, record.loss))
+
+
+class _Never:
+    def clock_due(self):
+        return False
+
+    def due(self, *_):
+        return False
+
+
+def _train(steps: int, stop_at: int | None = None):
+    torch.manual_seed(0)
+    worker, delivery = tiny_drafter_worker(torch.device("cpu"), torch.float32, max_anchors=16)
+    spec = RunSpec.standalone(_config(), None, torch.device("cpu"), total_steps=steps)
+    monitor = _Monitor()
+    status = loop.train(spec, worker, _Receiver(delivery(s, LENGTHS) for s in range(steps)), monitor=monitor,
+                        checkpointer=_Never(), evaluation=_Never(),
+                        stop_requested=lambda: stop_at is not None and worker.step + 1 == stop_at)  # asked during it
+    return status, worker, monitor.records
+
+
+def _config():
+    from draftline.config import TrainConfig
+
+    return TrainConfig()
+
+
+def test_the_loop_accounts_every_record_once_in_order_and_a_stop_leaves_the_next_step_untaken():
+    status, reference, seen = _train(3)
+    assert status == loop.FINISHED and [step for step, _ in seen] == [1, 2, 3]  # each step once, in order
+    assert reference.read_record() is None  # nothing left to read
+
+    status, stopped, seen_stopped = _train(4, stop_at=2)  # asked during step 2: agreed in its record
+    assert status == loop.STOPPED and stopped.step == 2
+    assert seen_stopped == seen[:2]  # the same losses as the run that went on
+    assert all(p.grad is None for p in stopped.params)  # step 3's batch was trained, its gradients dropped
+    _, two_steps, _ = _train(2)
+    for a, b in zip(stopped.params, two_steps.params):
         torch.testing.assert_close(a, b, rtol=0, atol=0)  # the weights of exactly two steps
 
 
-def test_settle_before_a_failures_checkpoint_counts_the_last_step_without_callbacks_or_raising():
+def test_a_failures_read_of_the_last_record_counts_it_without_raising():
     torch.manual_seed(0)
-    worker, delivery = _tiny_worker(torch.device("cpu"), torch.float32, compile_layers=False)
-    seen = []
-    worker.on_step = lambda w, vector: seen.append(w.step)
-    worker.max_bad_steps = 1
-    worker.train_on(delivery(0, (300, 200), poison=True))
-    worker.finish_step()
-    assert not worker.settle(notify=False)
-    assert worker.counters.skipped_steps == 1 and seen == []  # counted; no monitor, no checkpoint, no raise
-    assert not worker.settle()  # read once only
+    worker, delivery = tiny_drafter_worker(torch.device("cpu"), torch.float32, max_bad_steps=1, max_anchors=16)
+    worker.accumulate([delivery(0, LENGTHS, poison=True)])
+    worker.queue_update()
+    assert worker.read_record(check=False).step == 1
+    assert worker.counters.skipped_steps == 1  # counted; no raise at the limit
+    assert worker.read_record() is None  # read once only
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_train_on_makes_no_host_device_sync():
+def test_accumulate_makes_no_host_device_sync():
     device, dtype = torch.device("cuda"), torch.bfloat16
     # 2,048 query rows per pass: the batch below runs in several passes (the packed case).
-    worker, delivery = _tiny_worker(device, dtype, 2048, head_chunk_rows=1024, compile_layers=False)
-    worker.train_on(delivery(0))  # compiles flex's kernels (which may sync)
-    worker.finish_step()
+    worker, delivery = tiny_drafter_worker(device, dtype, 2048, head_chunk_rows=1024)
+    _step(worker, delivery(0))  # compiles flex's kernels (which may sync)
     passes = worker.counters.passes
     d = delivery(1)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        worker.train_on(d)
+        worker.accumulate([d])
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert worker.counters.passes - passes >= 2
-    worker.finish_step()
+    worker.read_record()
+    worker.queue_update()
     # A bad step on the GPU: left out by the fused kernel's flag, as on CPU.
     before = [p.detach().clone() for p in worker.params]
-    worker.train_on(delivery(2, poison=True))
-    worker.finish_step()
-    worker.settle()
+    _step(worker, delivery(2, poison=True))
+    worker.read_record()
     assert worker.counters.skipped_steps == 1
     assert all(torch.equal(a, p) for a, p in zip(before, worker.params))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_the_update_overlapped_on_a_second_stream_equals_the_update_in_line():
-    """AdamW per layer on a second stream, each layer's next forward waiting for its own chunk: the
-    same weights and moments, bit for bit, as the update on the main stream, over several steps."""
-    device, dtype = torch.device("cuda"), torch.bfloat16
-    runs = []
-    for overlap in (False, True):
-        torch.manual_seed(0)
-        worker, delivery = _tiny_worker(device, dtype, 2048, head_chunk_rows=1024, compile_layers=False,
-                                        overlap_update=overlap)
-        losses = []
-        worker.on_step = lambda w, vector: losses.append(float(vector[0]))
-        for seed in range(4):
-            worker.train_on(delivery(seed))
-            worker.finish_step()
-        worker.settle()
-        torch.cuda.synchronize()
-        runs.append((_state(worker), losses))
-    (serial, serial_losses), (overlapped, overlapped_losses) = runs
-    assert serial_losses == overlapped_losses and len(serial_losses) == 4
-    for a, b in zip(serial[0], overlapped[0]):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    for x, y in zip(serial[1], overlapped[1]):
-        assert torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) and x[2] == y[2] == 4.0

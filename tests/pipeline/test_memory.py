@@ -120,13 +120,13 @@ def _train(qwen3_target, line_data, out, capsys):
 def test_a_drafter_pass_out_of_memory_names_rank_pass_and_batch_sizes(qwen3_target, line_data, tmp_path,
                                                                       monkeypatch, capsys):
     deliveries, seen = [], []
-    real_train_on = DrafterWorker.train_on
+    real_accumulate = DrafterWorker.accumulate
 
-    def train_on(self, delivery):
-        deliveries.append((delivery.seq, delivery.batch.num_tokens, delivery.batch.num_docs, self.step))
-        return real_train_on(self, delivery)
+    def accumulate(self, batches):
+        deliveries.extend((d.seq, d.batch.num_tokens, d.batch.num_docs, self.step) for d in batches)
+        return real_accumulate(self, batches)
 
-    monkeypatch.setattr(DrafterWorker, "train_on", train_on)
+    monkeypatch.setattr(DrafterWorker, "accumulate", accumulate)
     _out_of_memory_at(monkeypatch, DFlashObjective, "__call__", 4, seen)
     out = tmp_path / "run"
     code, err = _train(qwen3_target, line_data, out, capsys)

@@ -112,38 +112,3 @@ def test_only_a_fused_optimizer_takes_a_device_skip():
     assert not skips_on_device(opt)
     with pytest.raises(ValueError, match="only a fused optimizer"):
         step_with_factor(opt, [param], torch.tensor(1.0), skip=torch.tensor(False))
-
-
-def test_a_step_in_chunks_equals_one_step_over_all_parameters():
-    """Chunks that cut across the optimizer's groups (weight decay and none), with the factor and a
-    skip in between: the same weights, moments and counts, bit for bit, and the groups restored."""
-    torch.manual_seed(3)
-    shapes = ((16, 8), (8,), (3, 5), (5,), (4, 4))
-    start = [torch.randn(s) for s in shapes]
-    grads = [[torch.randn(s) for s in shapes] for _ in range(3)]
-    grads[1][2][0, 0] = float("nan")
-
-    def run(chunked: bool):
-        params = [torch.nn.Parameter(t.clone()) for t in start]
-        groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
-                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-        opt = torch.optim.AdamW(groups, lr=1e-2, fused=True)
-        order = []
-        for step_grads in grads:
-            for p, g in zip(params, step_grads):
-                p.grad = g.clone()
-            factor, norm = grad_factor(params, torch.tensor(0.5), 1.0)
-            bad = ~torch.isfinite(norm)
-            chunks = [[params[4]], [params[0], params[1]], [params[2], params[3]]] if chunked else None
-            step_with_factor(opt, params, factor, skip=bad, chunks=chunks, after_chunk=order.append)
-        return params, opt, order
-
-    (one, opt_one, _), (chunked, opt_chunked, order) = run(False), run(True)
-    assert order == [0, 1, 2] * 3
-    assert [len(g["params"]) for g in opt_chunked.param_groups] == [3, 2]
-    assert opt_chunked.state_dict()["param_groups"] == opt_one.state_dict()["param_groups"]
-    for a, b in zip(one, chunked):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-        for key in ("exp_avg", "exp_avg_sq", "step"):
-            torch.testing.assert_close(opt_one.state[a][key], opt_chunked.state[b][key], rtol=0, atol=0)
-    assert float(opt_chunked.state[chunked[0]]["step"]) == 2  # the bad step was left out

@@ -8,7 +8,7 @@ known linear law), so the search logic is checked exactly; the GPU tests measure
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
+import dataclasses
 
 import pytest
 import torch
@@ -16,12 +16,13 @@ import torch
 from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
 from draftline.model.config import build_drafter_config
-from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import TargetFeatures, load_target_config
 from draftline.objective import blocks as blocks_module
-from draftline.objective.loss import DFlashObjective, ObjectiveSettings
 from draftline.pipeline import preflight
-from draftline.pipeline.optim import build_optimizer
+from draftline.pipeline.build import build_drafter_worker
+from draftline.pipeline.health import Health, local_rank_info
+from draftline.pipeline.roles import DRAFTER, Role
+from draftline.pipeline.spec import ModelSpec, RunSpec
 from draftline.pipeline.preflight import LinearPeak, MemoryLimit, changes
 
 GIB = 2**30
@@ -68,18 +69,19 @@ def cpu_line(qwen3_target, tmp_path, monkeypatch):
     config.engine.head_chunk_rows = 64
     config.model.block_size = 4
     config.topology.q_hs = 2
+    config.out = str(tmp_path / "run")
     target_config = load_target_config(qwen3_target)
     drafter_cfg = build_drafter_config(target_config, num_hidden_layers=1, block_size=4)
     layer_ids = drafter_cfg.dflash_config["target_layer_ids"]
     target = TargetFeatures(qwen3_target, layer_ids, device=torch.device("cpu"), dtype=torch.float32)
-    drafter = DFlashDrafter(drafter_cfg).float()
-    objective = DFlashObjective(drafter, target.embed_weight(), target.head_weight(),
-                                ObjectiveSettings(max_anchors=512, head_chunk_rows=64))
-    line = SimpleNamespace(config=config, device=torch.device("cpu"), role=SimpleNamespace(num_targets=1),
-                           dtype=torch.float32, health=SimpleNamespace(info=SimpleNamespace(describe=lambda: "rank 0 (test)")),
-                           feature_width=len(layer_ids) * target_config.hidden_size, run_dir=tmp_path / "run",
-                           env=SimpleNamespace(rank=0), start_step=0)
-    return line, target, objective, build_optimizer(drafter, config.optim)
+    spec = RunSpec.standalone(config, ModelSpec.from_configs(target_config, drafter_cfg), torch.device("cpu"))
+    worker = build_drafter_worker(spec, Health(local_rank_info(0, "test", torch.device("cpu"))), target=target)
+    return spec, target, worker
+
+
+def _split(spec: RunSpec) -> RunSpec:
+    """The same run on a drafter rank of a split line (no target beside it)."""
+    return dataclasses.replace(spec, role=Role(0, DRAFTER, 0, 1, 1))
 
 
 TARGET_LAW = LinearPeak(base=2 * GIB, per_token=40_000)
@@ -122,19 +124,20 @@ def _limit(monkeypatch, limit_bytes, fraction=0.5):
 
 
 def test_a_budget_that_fits_is_measured_small_then_verified_once(cpu_line, counter, monkeypatch, capsys):
-    line, target, objective, optimizer = cpu_line
+    spec, target, worker = cpu_line
     _limit(monkeypatch, 100 * GIB)
-    transient = preflight.preflight_target(line, target)
+    result = preflight.preflight_target(spec, target, "rank 0 (test)")
     # a warm-up (not in the fit), two small sizes, a check between them, one verification
     assert counter["calls"] == [(1024, 0), (1024, 0), (2048, 0), (1536, 0), (8192, 0)]
-    assert transient == pytest.approx(TARGET_LAW(8192))
+    assert result.peak == pytest.approx(TARGET_LAW(8192))
     counter["calls"].clear()
-    before = {k: v.clone() for k, v in objective.drafter.state_dict().items()}
-    preflight.preflight_drafter(line, objective, optimizer, target)
+    before = {k: v.clone() for k, v in worker.drafter.state_dict().items()}
+    preflight.preflight_drafter(spec, worker, "rank 0 (test)", result)
     # a warm-up pass (not in the fit), three small sizes, a check at both larger sizes, one verification
     assert counter["calls"] == [(1024, 64), (1024, 64), (1024, 128), (2048, 64), (2048, 128), (8192, 1024)]
-    for name, value in objective.drafter.state_dict().items():  # the drafter is as it was
+    for name, value in worker.drafter.state_dict().items():  # the drafter is as it was
         torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+    assert not worker.optimizer.state  # and the optimizer as new
     printed = capsys.readouterr().out
     assert ("preflight: target (rank 0 (test)): peak memory at 1,024 and 2,048 tokens (checked at 1,536), extrapolated "
             "to --token-budget 8,192") in printed
@@ -150,11 +153,11 @@ def _largest_budget(room: float) -> int:
 
 
 def test_a_budget_that_does_not_fit_is_refused_from_the_fit_with_what_fits(cpu_line, counter, monkeypatch):
-    line, target, objective, optimizer = cpu_line
+    spec, target, worker = cpu_line
     limit = TARGET_LAW(5000)
     _limit(monkeypatch, limit)
     with pytest.raises(DraftlineError) as info:
-        preflight.preflight_target(line, target)
+        preflight.preflight_target(spec, target, "rank 0 (test)")
     assert counter["calls"] == [(1024, 0), (1024, 0), (2048, 0), (1536, 0)]  # no full-size run, no search
     message = str(info.value)
     best = int(re.search(r"pass --token-budget (\d+)", message).group(1))
@@ -164,12 +167,12 @@ def test_a_budget_that_does_not_fit_is_refused_from_the_fit_with_what_fits(cpu_l
     assert "50% of the device" in message
 
     # the drafter, colocated: the target's transient peak counts; both budget and rows are offered
-    line.target_preflight_fit = LinearPeak(0.0, TARGET_LAW.per_token)
+    target_result = preflight.PreflightResult("target", 0.0, {}, LinearPeak(0.0, TARGET_LAW.per_token))
     both = LinearPeak(DRAFTER_LAW.base, DRAFTER_LAW.per_token + TARGET_LAW.per_token, DRAFTER_LAW.per_row)
     _limit(monkeypatch, (both(8192, 512) + 1) / (1 - preflight.SUGGESTION_MARGIN))  # + 1 byte: the fit's rounding
     counter["calls"].clear()
     with pytest.raises(DraftlineError) as info:
-        preflight.preflight_drafter(line, objective, optimizer, target)
+        preflight.preflight_drafter(spec, worker, "rank 0 (test)", target_result)
     message = str(info.value)
     rows = int(re.search(r"--max-query-rows (\d+) \(at --token-budget 8192\)", message).group(1))
     budget = int(re.search(r"--token-budget (\d+) \(at --max-query-rows 1024\)", message).group(1))
@@ -179,12 +182,12 @@ def test_a_budget_that_does_not_fit_is_refused_from_the_fit_with_what_fits(cpu_l
 
 
 def test_a_refusal_quotes_the_free_memory_when_other_processes_hold_some(cpu_line, counter, monkeypatch):
-    line, target, *_ = cpu_line
+    spec, target, _ = cpu_line
     free = TARGET_LAW(5000) + 2 * GIB  # the device is 4x larger: other processes hold the rest
     monkeypatch.setattr(preflight, "memory_limit", lambda device, headroom: MemoryLimit(
         total=4 * free, fraction=1.0, free=free, reserved=0.0, headroom=headroom * GIB))
     with pytest.raises(DraftlineError) as info:
-        preflight.preflight_target(line, target)
+        preflight.preflight_target(spec, target, "rank 0 (test)")
     message = str(info.value)
     assert (f"limit {TARGET_LAW(5000) / GIB:.1f} GiB = {free / GIB:.1f} GiB this process may use ({free / GIB:.1f} GiB "
             "free on the device + 0.0 GiB this process holds; other processes use the rest)") in message, message
@@ -196,7 +199,7 @@ def test_a_one_time_allocation_in_a_measured_point_is_caught_by_the_check(cpu_li
     """As on the H200 before the warm-up (188.6 GiB predicted at 32K): one measured point carries memory the
     others find resident, the slopes carry it. The check point disagrees, so there is no refusal from the
     fit: the configured size is measured, and it fits."""
-    line, target, objective, optimizer = cpu_line
+    spec, target, worker = cpu_line
     _limit(monkeypatch, 5 * GIB)
     counted, polluted = preflight._measure, []
 
@@ -208,8 +211,7 @@ def test_a_one_time_allocation_in_a_measured_point_is_caught_by_the_check(cpu_li
         return peak
 
     monkeypatch.setattr(preflight, "_measure", measure)
-    preflight.preflight_drafter(line, objective, optimizer)  # a drafter rank of a split line
-    measured = line.preflight_measured["drafter"]
+    measured = preflight.preflight_drafter(_split(spec), worker, "rank 0 (test)").measured  # a split line's drafter
     assert LinearPeak(**measured["fit"])(8192, 1024) > 5 * GIB  # the fit alone would have refused
     assert measured["check"]["tokens"] == 2048 and measured["check"]["rows"] == 128 and not measured["check"]["trusted"]
     assert counter["calls"][-1] == (8192, 1024)  # measured at the configured size instead
@@ -221,7 +223,7 @@ def test_a_one_time_allocation_in_a_measured_point_is_caught_by_the_check(cpu_li
 
 def test_a_fit_that_does_not_hold_refuses_only_from_the_configured_size(cpu_line, counter, monkeypatch):
     """The same one-time allocation, but the configured size really does not fit: measured there, refused."""
-    line, target, objective, optimizer = cpu_line
+    spec, target, worker = cpu_line
     _limit(monkeypatch, DRAFTER_LAW(8192, 512))
     counted, polluted = preflight._measure, []
 
@@ -234,25 +236,25 @@ def test_a_fit_that_does_not_hold_refuses_only_from_the_configured_size(cpu_line
 
     monkeypatch.setattr(preflight, "_measure", measure)
     with pytest.raises(DraftlineError) as info:
-        preflight.preflight_drafter(line, objective, optimizer)
+        preflight.preflight_drafter(_split(spec), worker, "rank 0 (test)")
     assert counter["calls"][-1] == (8192, 1024)
     assert f"needs {DRAFTER_LAW(8192, 1024) / GIB:.1f} GiB for its worst case" in str(info.value)  # measured, not predicted
     assert "(predicted)" not in str(info.value)
 
 
 def test_a_resume_says_what_changed(cpu_line, counter, monkeypatch, capsys):
-    line, target, *_ = cpu_line
-    line.config.data.token_budget = 2048  # measured directly: one pass
+    spec, target, _ = cpu_line
+    spec.config.data.token_budget = 2048  # measured directly: one pass
     _limit(monkeypatch, 100 * GIB)
-    preflight.preflight_target(line, target)
-    assert (line.run_dir / "preflight" / "rank-0.json").is_file()
+    preflight.preflight_target(spec, target, "rank 0 (test)")
+    assert (spec.run_dir / "preflight" / "rank-0.json").is_file()
     assert "since the previous start" not in capsys.readouterr().out  # the first start compares with nothing
-    line.config.data.token_budget = 1024
+    spec.config.data.token_budget = 1024
     _limit(monkeypatch, 60 * GIB)
     capsys.readouterr()
-    preflight.preflight_target(line, target)
+    preflight.preflight_target(spec, target, "rank 0 (test)")
     printed = capsys.readouterr().out
-    assert f"target: since the previous start in {line.run_dir}: " in printed
+    assert f"target: since the previous start in {spec.run_dir}: " in printed
     assert "free device memory 204.0 GiB -> 124.0 GiB" in printed and "token_budget 2048 -> 1024" in printed
 
 
@@ -270,36 +272,34 @@ def _gpu_line(tmp_path, budget, rows=2048):
     drafter_cfg = build_drafter_config(config, num_hidden_layers=1, block_size=16)
     layer_ids = drafter_cfg.dflash_config["target_layer_ids"]
     target = TargetFeatures.from_model(model, layer_ids)
-    drafter = DFlashDrafter(drafter_cfg).to(device)
     train = TrainConfig()
     train.data.token_budget = budget
     train.engine.max_query_rows = rows
     train.engine.memory_headroom_gib = 0.25
-    objective = DFlashObjective(drafter, target.embed_weight(), target.head_weight(), ObjectiveSettings())
-    line = SimpleNamespace(config=train, device=device, role=SimpleNamespace(num_targets=1), dtype=torch.bfloat16,
-                           health=SimpleNamespace(info=SimpleNamespace(describe=lambda: "rank 0 (gpu test)")),
-                           feature_width=len(layer_ids) * config.hidden_size, run_dir=tmp_path / "run",
-                           env=SimpleNamespace(rank=0), start_step=0)
-    return line, target, objective, build_optimizer(drafter, train.optim)
+    train.out = str(tmp_path / "run")
+    spec = RunSpec.standalone(train, ModelSpec.from_configs(config, drafter_cfg), device)
+    worker = build_drafter_worker(spec, Health(local_rank_info(0, "test", device)), target=target)
+    return spec, target, worker
 
 
 @pytest.mark.gpu
 def test_gpu_a_budget_that_fits_is_accepted_and_one_that_does_not_is_refused(tmp_path):
-    line, target, objective, optimizer = _gpu_line(tmp_path, budget=65536)
-    transient = preflight.preflight_target(line, target)
-    preflight.preflight_drafter(line, objective, optimizer, target)
+    spec, target, worker = _gpu_line(tmp_path, budget=65536)
+    result = preflight.preflight_target(spec, target, "rank 0 (gpu test)")
+    preflight.preflight_drafter(spec, worker, "rank 0 (gpu test)", result)
+    transient = result.peak - torch.cuda.memory_allocated()
     assert transient > 0
     resident = torch.cuda.memory_allocated()
     total = torch.cuda.mem_get_info()[1]
     try:  # cap the process so that the transient peak at this budget cannot fit: refused, naming what fits
         torch.cuda.set_per_process_memory_fraction((resident + 0.5 * transient + 0.25 * GIB) / total)
         with pytest.raises(DraftlineError) as info:
-            preflight.preflight_target(line, target)
+            preflight.preflight_target(spec, target, "rank 0 (gpu test)")
         message = str(info.value)
         assert "torch.cuda.set_per_process_memory_fraction" in message
         best = int(re.search(r"pass --token-budget (\d+)", message).group(1))
         assert 8192 < best < 65536
-        line.config.data.token_budget = best  # what it offered fits
-        preflight.preflight_target(line, target)
+        spec.config.data.token_budget = best  # what it offered fits
+        preflight.preflight_target(spec, target, "rank 0 (gpu test)")
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)

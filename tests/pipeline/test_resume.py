@@ -53,10 +53,12 @@ def test_stop_then_resume_equals_the_uninterrupted_run(uninterrupted, qwen3_targ
     assert all(steps == [steps[0]] * len(steps) and steps[0] >= stopped_at for steps in duplicates.values())
     starts = read_jsonl(out / "starts.jsonl")
     assert [s["mode"] for s in starts] == ["fresh", "resume"] and starts[1]["step"] == stopped_at
-    # Optimizer state survived in fp32.
-    state = torch.load(latest_checkpoint(out) / "trainer.pt", weights_only=False)
-    moments = [v for s in state["optimizer"]["state"].values() for k, v in s.items() if k == "exp_avg_sq"]
-    assert moments and all(m.dtype == torch.float32 for m in moments)
+    # Optimizer state survived in fp32 (the checkpoint's state/ as torch.distributed.checkpoint describes it).
+    from torch.distributed.checkpoint import FileSystemReader
+
+    described = FileSystemReader(str(latest_checkpoint(out) / "state")).read_metadata().state_dict_metadata
+    moments = [m.properties.dtype for key, m in described.items() if key.endswith("exp_avg_sq")]
+    assert moments and all(dtype == torch.float32 for dtype in moments)
 
 
 def test_run_directory_guards(qwen3_target, line_data, tmp_path, capsys):

@@ -43,13 +43,15 @@ def is_drafter_dir(path: str | Path) -> bool:
     return (path / CONFIG_NAME).is_file() and (path / WEIGHTS_NAME).is_file()
 
 
-def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write ``drafter`` to ``out_dir`` atomically (existing contents are replaced)."""
+def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16,
+                 weights: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write ``drafter`` to ``out_dir`` atomically (existing contents are replaced). ``weights``: its whole
+    weights when the drafter itself holds only a shard of them (``shard.DrafterGroup.full_weights``)."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tensors = {
         name: tensor.detach().to(device="cpu", dtype=dtype).contiguous()
-        for name, tensor in drafter.state_dict().items()
+        for name, tensor in (drafter.state_dict() if weights is None else weights).items()
     }
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:

@@ -1,27 +1,31 @@
-"""Training checkpoints: everything needed to continue a run exactly.
+"""Training checkpoints: everything needed to continue a run exactly, on any number of drafters.
 
 ``RUN_DIR/checkpoints/step-00000120/`` holds
-- ``drafter/``: the drafter in the export format, fp32 (servers load it as it is; ``draftline
-  export`` writes a bf16 copy),
-- ``trainer.pt``: optimizer and scheduler state in full precision, RNG states, the data position
-  (the next batch number; the batches that were in flight are recomputed after a resume), the step
-  and counters, and the resolved config,
+- ``drafter/``: the drafter in the export format, fp32 (servers and ``draftline eval`` load it as it
+  is; ``draftline export`` writes a bf16 copy),
+- ``state/``: the drafter's weights and AdamW state as ``torch.distributed.checkpoint`` writes them,
+  each drafter rank its own shards; DCP loads them on any number of drafters (it reshards),
+- ``trainer.pt``: the scheduler, RNG states and counters, the resolved config; ``trainer.json``: the
+  step, the data position (the next batch number; batches in flight are recomputed after a resume) and
+  the batches per optimizer step, readable without torch,
 - ``manifest.json``, written last: every file's size and SHA-256. A checkpoint without it, or whose
   files do not match it (a truncated copy, a bad disk), is skipped on resume for the previous one.
 
-Saving does not stall training longer than a copy to host memory:
+Every drafter rank calls ``save_checkpoint`` at the same step. Saving stalls training for a copy to
+host memory only:
 
-    training thread:  save_checkpoint -> wait for the previous write (at most one in flight; its
-                      error, if any, is raised here) -> copy weights, optimizer state and RNG to CPU
-                      -> return
-    writer thread:    files into .tmp-step-N/ (fsync) -> manifest.json (fsync) -> rename to step-N
-                      -> ``latest`` replaced atomically -> prune to the last ``keep``
+    training thread (every drafter): wait for the previous write (its error is raised here) -> stage
+        the drafter's and the optimizer's state (this rank's shards) to host memory and start DCP's
+        write in the background -> the first drafter also gathers the whole fp32 weights (for
+        ``drafter/``) and copies the trainer state -> return
+    writer thread (the first drafter): DCP's write done on every rank (its metadata is written last)
+        -> ``drafter/``, ``trainer.pt``/``.json`` (fsync) -> manifest (fsync) -> rename ``.tmp-step-N``
+        to ``step-N`` -> ``latest`` replaced atomically -> prune to the last ``keep``
 
-``wait_for_checkpoint()`` blocks until the write in flight is on disk and raises its error; the
-training loop calls it after its final (or SIGTERM) save and before the process exits (a normal exit
-waits for the writer thread anyway; ``os._exit`` would not). A save during exception handling is
-written before it returns. A failed write (a full disk) leaves the previous checkpoints and ``latest``
-as they were.
+With several drafter ranks the run directory must be on a file system every rank sees (one node's
+disk, or a shared one across nodes). ``wait_for_checkpoint()`` blocks until the write in flight is
+on disk and raises its error. A failed write (a full disk) leaves the previous checkpoints and
+``latest`` as they were, and says what the disk lacks.
 """
 
 from __future__ import annotations
@@ -35,22 +39,29 @@ import os
 import random
 import shutil
 import sys
-import tempfile
 import threading
-from dataclasses import dataclass
+import warnings
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors.torch import save_file
 
 from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME, drafter_config_dict, load_drafter
 from draftline.errors import DraftlineError
-from draftline.model.drafter import DFlashDrafter
 
 TRAINER_STATE = "trainer.pt"
+TRAINER_JSON = "trainer.json"
+STATE_DIR = "state"
 MANIFEST = "manifest.json"
+FORMAT = 2
+"""1: optimizer state inside trainer.pt (one drafter); 2: ``state/`` written by torch.distributed.checkpoint."""
+
+# One process saves and loads with ``no_dist``; DCP still warns (in its writer thread too) that it assumes so.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -79,43 +90,49 @@ class TrainerState:
     in_flight: list[int]
     counters: dict[str, Any]
     config: dict[str, Any]
+    batches_per_step: int | None = None
+    """Batches per optimizer step of the run (a resume keeps it, whatever its number of drafters)."""
+    num_drafters: int = 1
+    format: int = field(default=FORMAT)
+
+    def summary(self) -> dict[str, Any]:
+        """What ``trainer.json`` holds: the step and the data position, without the config."""
+        return {k: v for k, v in asdict(self).items() if k != "config"}
 
 
-def _to_cpu(value: Any) -> Any:
-    """A copy of ``value`` with every tensor copied to host memory (the live state keeps changing)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
-    return copy.deepcopy(value)
+def read_trainer_state(path: str | Path) -> TrainerState:
+    """A checkpoint's step, data position and batches per step, from ``trainer.json`` (or, for a checkpoint
+    written before it, from ``trainer.pt``)."""
+    path = Path(path)
+    summary = path / TRAINER_JSON
+    if summary.is_file():
+        data = json.loads(summary.read_text())
+        config = {}
+        if (path / TRAINER_STATE).is_file():
+            config = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False).get("config", {})
+        return TrainerState(**{**data, "config": config})
+    payload = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+    step = payload["step"]
+    return TrainerState(step, payload["next_seq"], payload["in_flight"], payload["counters"], payload["config"],
+                        batches_per_step=payload["next_seq"] // step if step else None, format=1)
 
 
+# ------------------------------------------------------------------------------------------ saving
 @dataclass
-class _Snapshot:
+class _Pending:
+    """A save in flight on this rank."""
+
     step: int
-    weights: dict[str, torch.Tensor]  # fp32, CPU
-    drafter_config: dict
-    payload: dict  # trainer.pt
-
-
-def _snapshot(drafter: DFlashDrafter, optimizer, scheduler, state: TrainerState) -> _Snapshot:
-    # The only part of a save on the training thread: device -> host copies (they sync with the GPU).
-    weights = {name: t.detach().to(device="cpu", dtype=torch.float32, copy=True).contiguous()
-               for name, t in drafter.state_dict().items()}
-    payload = {
-        "format": 1,
-        "step": state.step,
-        "next_seq": state.next_seq,
-        "in_flight": list(state.in_flight),
-        "counters": copy.deepcopy(state.counters),
-        "config": copy.deepcopy(state.config),
-        "optimizer": _to_cpu(optimizer.state_dict()),
-        "scheduler": _to_cpu(scheduler.state_dict()),
-        "rng": rng_state(),
-    }
-    return _Snapshot(state.step, weights, drafter_config_dict(drafter.config, torch.float32), payload)
+    target: Path
+    tmp: Path
+    upload: Any  # DCP's future
+    first: bool  # this rank writes drafter/, the trainer state and the manifest, and renames
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    drafter_config: dict | None = None
+    payload: dict | None = None
+    summary: dict | None = None
+    keep: int = 1
+    size_hint: int = 0  # bytes this checkpoint takes, for a full disk's message
 
 
 def _fsync(path: Path) -> None:
@@ -134,25 +151,36 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write(snapshot: _Snapshot, run_dir: Path, keep: int) -> Path:
-    """Write a snapshot as ``step-N`` (temp dir, fsync, manifest last, rename); prune to ``keep``."""
-    final = checkpoint_dir(run_dir, snapshot.step)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _finish(pending: _Pending) -> Path:
+    """The first drafter's part once DCP's write is done everywhere: the rest of the files, manifest, rename."""
+    pending.upload.result()
+    if not pending.first:
+        return pending.target
+    tmp, final = pending.tmp, pending.target
     try:
-        (tmp / "drafter").mkdir()
-        save_file(snapshot.weights, str(tmp / "drafter" / WEIGHTS_NAME), metadata={"format": "pt"})
-        (tmp / "drafter" / CONFIG_NAME).write_text(json.dumps(snapshot.drafter_config, indent=2) + "\n")
-        torch.save(snapshot.payload, tmp / TRAINER_STATE)
+        (tmp / "drafter").mkdir(exist_ok=True)
+        save_file(pending.weights, str(tmp / "drafter" / WEIGHTS_NAME), metadata={"format": "pt"})
+        (tmp / "drafter" / CONFIG_NAME).write_text(json.dumps(pending.drafter_config, indent=2) + "\n")
+        torch.save(pending.payload, tmp / TRAINER_STATE)
+        (tmp / TRAINER_JSON).write_text(json.dumps(pending.summary, indent=2) + "\n")
         files = {}
         for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
             _fsync(path)
             files[path.relative_to(tmp).as_posix()] = {"size": path.stat().st_size, "sha256": _sha256(path)}
         manifest = tmp / MANIFEST
-        manifest.write_text(json.dumps({"step": snapshot.step, "files": files}, indent=2) + "\n")
+        manifest.write_text(json.dumps({"step": pending.step, "files": files}, indent=2) + "\n")
         _fsync(manifest)
-        _fsync(tmp / "drafter")
-        _fsync(tmp)
+        for folder in (tmp / "drafter", tmp / STATE_DIR, tmp):
+            _fsync(folder)
         old = None
         if final.exists():  # the same step saved again (a stop right after a periodic save)
             old = final.with_name(f".old-{final.name}-{os.getpid()}")
@@ -165,32 +193,34 @@ def _write(snapshot: _Snapshot, run_dir: Path, keep: int) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _prune(final.parent, keep)
+    _prune(final.parent, pending.keep)
     return final
 
 
 class _Writer:
-    """One background write at a time; its error is kept until the training thread asks."""
+    """One save in flight at a time; its error is kept until the training thread asks."""
 
     def __init__(self):
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
-        self.target: Path | None = None
+        self.pending: _Pending | None = None
         self.previous: Path | None = None  # the last checkpoint written whole
 
-    def start(self, snapshot: _Snapshot, run_dir: Path, keep: int) -> Path:
-        self.target = checkpoint_dir(run_dir, snapshot.step)
+    def start(self, pending: _Pending) -> Path:
+        self.pending = pending
 
         def work():
             try:
-                self.previous = _write(snapshot, run_dir, keep)
+                self.previous = _finish(pending)
             except BaseException as exc:  # noqa: BLE001 - handed to the training thread
                 self.error = exc
+                if pending.first:
+                    shutil.rmtree(pending.tmp, ignore_errors=True)
 
         # Not a daemon: a normal interpreter exit waits for the write rather than cutting it.
-        self.thread = threading.Thread(target=work, name=f"checkpoint-{snapshot.step}", daemon=False)
+        self.thread = threading.Thread(target=work, name=f"checkpoint-{pending.step}", daemon=False)
         self.thread.start()
-        return self.target
+        return pending.target
 
     def wait(self) -> Path | None:
         if self.thread is not None:
@@ -198,52 +228,137 @@ class _Writer:
             self.thread = None
         if self.error is not None:
             exc, self.error = self.error, None
+            pending = self.pending
             previous = self.previous
-            pointer = self.target.parent / "latest" if self.target else None
+            pointer = pending.target.parent / "latest" if pending else None
             if previous is None and pointer is not None and pointer.is_file():
                 previous = pointer.parent / pointer.read_text().strip()
-            raise _write_error(exc, self.target, previous) from exc
+            raise _write_error(exc, pending, previous) from None
         return self.previous
 
 
-def _write_error(exc: BaseException, target: Path | None, previous: Path | None) -> DraftlineError:
-    kept = (f"the previous checkpoint {previous} is whole" if previous else
+def _os_error(exc: BaseException | None) -> OSError | None:
+    """The OSError behind ``exc`` (DCP wraps its ranks' errors in a CheckpointException)."""
+    seen = 0
+    while exc is not None and seen < 12:
+        if isinstance(exc, OSError):
+            return exc
+        failures = getattr(exc, "failures", None)
+        if isinstance(failures, dict):
+            for inner in failures.values():  # rank -> the exception (and its traceback)
+                found = _os_error(inner[0] if isinstance(inner, tuple) else inner)
+                if found is not None:
+                    return found
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def _write_error(exc: BaseException, pending: _Pending | None, previous: Path | None) -> DraftlineError:
+    target = pending.target if pending else None
+    kept = (f"the previous checkpoint {previous} is whole and --resume continues from it" if previous else
             "the checkpoints written before are untouched")
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        cause = f"the disk is full ({os.strerror(exc.errno)})"
-        fix = f"free space on {target.parent if target else 'the run directory'}'s disk (or lower --keep) and resume with --resume"
+    os_error = _os_error(exc)
+    if os_error is not None and os_error.errno in (errno.ENOSPC, errno.EDQUOT):
+        folder = target.parent if target else Path(".")
+        free = shutil.disk_usage(folder).free if folder.exists() else 0
+        size = f", and a checkpoint takes about {_bytes(pending.size_hint)}" if pending and pending.size_hint else ""
+        cause = f"the disk is full ({os.strerror(os_error.errno)}): {_bytes(free)} free on {folder}{size}"
+        fix = "free space there (or lower --keep, or move --out to a larger disk) and run the same command with --resume"
     else:
-        cause = f"{type(exc).__name__}: {exc}"
-        fix = "fix the cause and resume with --resume"
+        cause = f"{type(exc).__name__}: {str(exc)[:300]}"
+        fix = "fix the cause and run the same command with --resume"
     return DraftlineError(f"could not write checkpoint {target}: {cause}; nothing of it was kept and {kept}; {fix}")
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 _WRITER = _Writer()
 
 
+def checkpoint_bytes(num_trained_params: int, *, legacy: bool = False) -> int:
+    """About how many bytes a checkpoint takes: fp32 weights twice (``drafter/`` and ``state/``) and the two
+    fp32 AdamW moments: 16 bytes per trained weight."""
+    return 16 * num_trained_params
+
+
+def _staged_state(drafter, optimizer) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(drafter, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
 def save_checkpoint(
     run_dir: str | Path,
     *,
-    drafter: DFlashDrafter,
+    drafter,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     state: TrainerState,
     keep: int,
+    group=None,
     wait: bool = False,
 ) -> Path:
-    """Checkpoint ``state.step``: copy the state to host memory now, write it in the background.
+    """Checkpoint ``state.step``: stage the state to host memory now, write it in the background.
 
-    Waits first for the previous write (and raises its error, a ``DraftlineError``). Returns the
-    directory the checkpoint will have; ``wait=True`` (or ``wait_for_checkpoint()``) returns once it is
-    on disk. A save made while an exception is being handled (a failure's last checkpoint) waits too:
-    the process may end with ``os._exit`` right after, which would cut a background write.
+    Every drafter rank calls this at the same step (``group``: ``shard.DrafterGroup``; None: one drafter
+    in one process). Waits first for the previous write (and raises its error, a ``DraftlineError``).
+    Returns the directory the checkpoint will have; ``wait=True`` (or ``wait_for_checkpoint()``) returns
+    once it is on disk. A save made while an exception is being handled (a failure's last checkpoint)
+    waits too: the process may end with ``os._exit`` right after, which would cut a background write.
     """
+    import torch.distributed.checkpoint as dcp
+
+    from draftline.pipeline.shard import DrafterGroup
+
+    group = group or DrafterGroup()
     _WRITER.wait()
-    snapshot = _snapshot(drafter, optimizer, scheduler, state)
-    path = _WRITER.start(snapshot, Path(run_dir), keep)
+    run_dir = Path(run_dir)
+    target = checkpoint_dir(run_dir, state.step)
+    tmp = target.with_name(f".tmp-{target.name}")
+    if group.is_first:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a write cut short
+        (tmp / STATE_DIR).mkdir(parents=True)
+    group.barrier()  # the folder exists (and is empty) before any rank writes into it
+    staged = _staged_state(drafter, optimizer)
+    distributed = dist.is_available() and dist.is_initialized()
+    upload = dcp.async_save(staged, checkpoint_id=str(tmp / STATE_DIR),
+                            process_group=group.checkpoint_group if distributed else None, no_dist=not distributed)
+    weights = group.full_weights(drafter)  # gathered: every drafter takes part
+    pending = _Pending(state.step, target, tmp, upload, group.is_first, keep=keep)
+    if group.is_first:
+        params = sum(t.numel() for t in weights.values())
+        state = copy.deepcopy(state)
+        state.num_drafters = group.num_drafters
+        pending.weights = {name: t.contiguous() for name, t in weights.items()}
+        pending.drafter_config = drafter_config_dict(_unwrapped(drafter).config, torch.float32)
+        pending.payload = {"format": FORMAT, "step": state.step, "next_seq": state.next_seq,
+                           "in_flight": list(state.in_flight), "counters": copy.deepcopy(state.counters),
+                           "config": copy.deepcopy(state.config), "scheduler": _to_cpu(scheduler.state_dict()),
+                           "rng": rng_state()}
+        pending.summary = state.summary()
+        pending.size_hint = checkpoint_bytes(params)
+    path = _WRITER.start(pending)
     if wait or sys.exc_info()[0] is not None:
         _WRITER.wait()
     return path
+
+
+def _unwrapped(drafter):
+    return getattr(drafter, "_orig_mod", drafter)
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return copy.deepcopy(value)
 
 
 def wait_for_checkpoint() -> Path | None:
@@ -260,15 +375,6 @@ def _report_at_exit() -> None:
         print(f"draftline: error: {exc}", file=sys.stderr, flush=True)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _prune(folder: Path, keep: int) -> None:
     checkpoints = sorted(p for p in folder.glob("step-*") if p.is_dir())
     for old in checkpoints[:-keep]:
@@ -277,6 +383,24 @@ def _prune(folder: Path, keep: int) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
+def check_disk_space(run_dir: str | Path, num_trained_params: int, keep: int) -> str | None:
+    """Whether the run directory's disk can hold ``keep + 1`` checkpoints (the newest is written before the
+    oldest is removed); None if it can, else what is missing, in words."""
+    run_dir = Path(run_dir)
+    folder = run_dir if run_dir.exists() else run_dir.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    size = checkpoint_bytes(num_trained_params)
+    existing = len([p for p in (run_dir / "checkpoints").glob("step-*") if p.is_dir()]) if run_dir.exists() else 0
+    needed = max(0, keep + 1 - existing) * size
+    if free >= needed:
+        return None
+    return (f"{folder} has {_bytes(free)} free; the run keeps {keep} checkpoint(s) of about {_bytes(size)} and "
+            f"writes the next before removing the oldest, which needs {_bytes(needed)} more")
+
+
+# ------------------------------------------------------------------------------------------ finding one
 _VERIFIED: set[tuple[str, float, bool]] = set()  # (checkpoint, manifest mtime) already checked in this process
 
 
@@ -346,41 +470,66 @@ def latest_checkpoint(run_dir: str | Path, *, quiet: bool = False) -> Path | Non
     return None
 
 
+# ------------------------------------------------------------------------------------------ loading
 def load_checkpoint(
     path: str | Path,
     *,
-    drafter: DFlashDrafter,
+    drafter,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     restore_rng: bool = True,
+    group=None,
+    verify: bool = True,
 ) -> TrainerState:
-    """Load a checkpoint into existing objects (weights copied in place, fp32 optimizer state),
-    after checking its files against its manifest."""
+    """Load a checkpoint into existing objects (weights and fp32 optimizer state in place), whatever the
+    number of drafters that wrote it and that load it (every drafter rank calls this). ``verify``: check its
+    files against its manifest first (the first drafter already did, when it chose the checkpoint)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from draftline.pipeline.shard import DrafterGroup
+
     path = Path(path)
+    group = group or DrafterGroup()
     _WRITER.wait()
     if not (path / TRAINER_STATE).is_file():
         raise DraftlineError(f"{path}: not a training checkpoint (no {TRAINER_STATE})")
-    problem = verify_checkpoint(path)
+    problem = verify_checkpoint(path) if verify else None
     if problem:
         raise DraftlineError(f"{path}: checkpoint is not whole ({problem}); resume from an earlier one "
                              "(delete or move this one: --resume then takes the newest whole checkpoint)")
-    device = next(drafter.parameters()).device
     try:
-        saved = load_drafter(path / "drafter", device=device, dtype=torch.float32)
         payload = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+        if (path / STATE_DIR).is_dir():
+            staged = _staged_state(drafter, optimizer)
+            distributed = dist.is_available() and dist.is_initialized()
+            dcp.load(staged, checkpoint_id=str(path / STATE_DIR),
+                     process_group=group.checkpoint_group if distributed else None, no_dist=not distributed)
+            set_state_dict(drafter, optimizer, model_state_dict=staged["model"], optim_state_dict=staged["optim"])
+        else:
+            _load_format_1(path, payload, drafter, optimizer, group)
     except DraftlineError:
         raise
-    except Exception as exc:  # noqa: BLE001 - a checkpoint from before manifests can be cut too
+    except Exception as exc:  # noqa: BLE001 - a cut or foreign checkpoint
         raise DraftlineError(f"{path}: checkpoint cannot be read ({type(exc).__name__}: {str(exc)[:200]}); "
                              "move it aside and resume from the one before") from None
-    with torch.no_grad():
-        for (name, param), (_, value) in zip(drafter.state_dict().items(), saved.state_dict().items()):
-            param.copy_(value)
-    optimizer.load_state_dict(payload["optimizer"])
     scheduler.load_state_dict(payload["scheduler"])
     if restore_rng:
         set_rng_state(payload["rng"])
-    return TrainerState(payload["step"], payload["next_seq"], payload["in_flight"], payload["counters"], payload["config"])
+    return read_trainer_state(path)
+
+
+def _load_format_1(path: Path, payload: dict, drafter, optimizer, group) -> None:
+    """A checkpoint from before ``state/``: the optimizer state in trainer.pt, for one drafter."""
+    if group.sharded:
+        raise DraftlineError(f"{path}: written by an earlier draftline with the optimizer state in trainer.pt, which "
+                             "loads on one drafter only; resume it on one drafter, save, then resume on more")
+    device = next(drafter.parameters()).device
+    saved = load_drafter(path / "drafter", device=device, dtype=torch.float32)
+    with torch.no_grad():
+        for (_, param), (_, value) in zip(drafter.state_dict().items(), saved.state_dict().items()):
+            param.copy_(value)
+    optimizer.load_state_dict(payload["optimizer"])
 
 
 def record_start(run_dir: str | Path, entry: dict[str, Any]) -> None:

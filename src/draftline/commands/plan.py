@@ -72,27 +72,19 @@ def _lengths(args) -> np.ndarray:
     return np.clip(rng.lognormal(mu, sigma, 512), 64, 8192).astype(int)
 
 
-def _measured(args, drafter_cfg, lengths, device):
-    from draftline.model.drafter import DFlashDrafter
+def _measured(args, target_config, drafter_cfg, lengths, device):
+    from draftline.config import TrainConfig
     from draftline.model.target import TargetFeatures
-    from draftline.objective.loss import DFlashObjective, ObjectiveSettings
-    from draftline.pipeline.drafter_worker import DrafterWorker, GradSync
+    from draftline.pipeline.build import build_drafter_worker
     from draftline.pipeline.health import Health, local_rank_info
-    from draftline.pipeline.optim import build_optimizer, build_scheduler
+    from draftline.pipeline.spec import ModelSpec, RunSpec
 
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    target = TargetFeatures(args.target, drafter_cfg.dflash_config["target_layer_ids"], device=device, dtype=dtype)
-    drafter = DFlashDrafter(drafter_cfg).to(device=device, dtype=torch.float32)
-    objective = DFlashObjective(drafter, target.embed_weight(), target.head_weight(),
-                                ObjectiveSettings(max_anchors=args.max_anchors))
-    optim = OptimConfig()
-    optimizer = build_optimizer(drafter, optim)
-    health = Health(local_rank_info(0, "plan", device))
-    worker = DrafterWorker(
-        objective=objective, optimizer=optimizer, scheduler=build_scheduler(optimizer, optim, 10**6), receiver=None,
-        sync=GradSync(list(drafter.parameters()), None, health), health=health, device=device, compute_dtype=dtype,
-        batches_per_step=1, start_step=0, total_steps=10**9, max_query_rows=args.max_query_rows, grad_clip=1.0,
-        max_bad_steps=10**9)
+    config = TrainConfig()
+    config.data.max_anchors = args.max_anchors
+    config.engine.max_query_rows = args.max_query_rows
+    spec = RunSpec.standalone(config, ModelSpec.from_configs(target_config, drafter_cfg, target=str(args.target)), device)
+    target = TargetFeatures(args.target, drafter_cfg.dflash_config["target_layer_ids"], device=device, dtype=spec.dtype)
+    worker = build_drafter_worker(spec, Health(local_rank_info(0, "plan", device)), target=target)
     return measure_rates(target, worker, lengths, args.token_budget, device)
 
 
@@ -151,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
           f"target {format_flops(t_flops)}, drafter {format_flops(d_flops)} "
           f"-> the target side is {t_flops / (t_flops + d_flops):.0%} of the work")
     if args.measure:
-        rates = _measured(args, drafter_cfg, lengths, device)
+        rates = _measured(args, target_config, drafter_cfg, lengths, device)
     else:
         rates = estimate_rates(target_shape, drafter_shape, lengths, args.max_anchors, peak,
                                args.target_mfu, args.drafter_mfu)

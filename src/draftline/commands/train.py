@@ -30,6 +30,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--layer-types": ("model", "layer_types"),
     "--init-drafter": ("model", "init_drafter"),
     "--init-from-target": ("model", "init_from_target"),
+    "--random-init": ("model", "init_from_target"),
     "--dtype": ("model", "dtype"),
     "--token-budget": ("data", "token_budget"),
     "--max-batch-size": ("data", "max_batch_size"),
@@ -80,7 +81,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--memory-headroom-gib": ("engine", "memory_headroom_gib"),
     "--trace": ("engine", "trace"),
 }
-_OFF_SWITCHES = {"--no-tensorboard", "--no-preflight", "--no-compile", "--no-balance-steps"}  # these turn a default-on bool field off
+_OFF_SWITCHES = {"--no-tensorboard", "--no-preflight", "--no-compile", "--no-balance-steps", "--random-init"}  # these turn a default-on bool field off
 
 
 def _help(section: str, name: str) -> str:

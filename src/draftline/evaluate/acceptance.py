@@ -104,35 +104,6 @@ def measure_acceptance(
     return summarize_generations(generations, block_size)
 
 
-def eval_interval(eval_every: int | None, total_steps: int, evaluations: int = 10) -> int:
-    """Steps between in-training measurements: ``eval_every``, or (None) about ``evaluations`` per
-    run, so the monitor's measured tau follows training at a cost that does not grow with its length."""
-    if eval_every is not None:
-        if eval_every < 0:
-            raise ValueError(f"monitor.eval_every (--eval-every) must be >= 0, got {eval_every}")
-        return eval_every
-    return max(1, total_steps // evaluations) if total_steps > 0 else 0
-
-
-def evaluate_in_training(evaluate, monitor_config) -> dict | None:
-    """``evaluate()`` during training, where running out of device memory must not end the run.
-
-    On a drafter rank of a split line the measurement loads a whole copy of the target beside the
-    drafter; when that does not fit, in-training measurements stop (``eval_every`` becomes 0) with
-    a message, and training goes on. The final measurement still runs (and can fail the same way).
-    """
-    try:
-        return evaluate()
-    except torch.OutOfMemoryError as exc:
-        monitor_config.eval_every = 0
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        print(f"draftline: in-training acceptance measurement turned off, it ran out of device memory ({exc}); "
-              "the monitor's tau stays n/a. Free memory (smaller --token-budget, --colocated) or pass "
-              "--eval-every 0 to measure only at the end", flush=True)
-        return None
-
-
 @contextmanager
 def decoding_attention(model: PreTrainedModel):
     """Run a target loaded with flex attention (the feature pass's choice on GPU: ``flex_attention``,

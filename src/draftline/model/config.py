@@ -28,9 +28,19 @@ _SIZE_FIELDS = (
 # whole heads with one frequency set, as the public drafters for these targets do).
 _TARGET_ONLY_ROPE = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
+DEFAULT_DRAFT_LAYERS = 5
+DEFAULT_BLOCK_SIZE = 16
+
 # Hybrid targets (Gated DeltaNet + full attention, Qwen3.5/3.6): the public DFlash drafter for them
 # (z-lab's Qwen3.6-27B-DFlash) runs sliding-window layers and a last full-attention layer.
 HYBRID_SLIDING_WINDOW = 2048
+
+# ... and its attention is not the target's (gated 24 heads x 256 with 4 KV heads for the 27B): the public
+# drafters for Qwen3.5/3.6 targets (SpecForge's configs/qwen3.6-27b-dflash.json, qwen3.5-4b-dflash.json,
+# qwen3.5-35b-a3b-dflash.json) have 32 heads of 128, and 8 KV heads (4 for the MoE): a third fewer
+# attention FLOPs per block row than the target's shape at 27B.
+_HYBRID_ATTENTION = (("qwen3_5_moe", dict(num_attention_heads=32, head_dim=128, num_key_value_heads=4)),
+                     ("qwen3_5", dict(num_attention_heads=32, head_dim=128, num_key_value_heads=8)))
 
 # Mask tokens of known vocabularies: (model_type prefix, smallest vocab holding the token, token id).
 # Qwen3's padded vocabulary has <|MASK|> at 151669; Qwen3.5/3.6's 248320-row one at 248070.
@@ -88,8 +98,8 @@ def _rope_parameters(target: PretrainedConfig) -> dict[str, Any]:
 def build_drafter_config(
     target_config: PretrainedConfig,
     *,
-    num_hidden_layers: int = 5,
-    block_size: int = 16,
+    num_hidden_layers: int = DEFAULT_DRAFT_LAYERS,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     mask_token_id: int | None = None,
     target_layer_ids: list[int] | None = None,
     layer_types: list[str] | None = None,
@@ -101,11 +111,16 @@ def build_drafter_config(
     ``overrides`` sets any Qwen3Config field (heads, intermediate size, rope, ...) by name. MoE
     targets without a dense ``intermediate_size`` get ``3 * hidden_size``. For a hybrid target
     the default layers are sliding-window attention (window ``HYBRID_SLIDING_WINDOW``) with a last
-    full-attention layer, as in the public drafter for Qwen3.6-27B.
+    full-attention layer, and the attention the public drafters have (``_HYBRID_ATTENTION``).
     """
     target = text_config(target_config)
 
     overrides = dict(overrides or {})
+    if is_hybrid(target):
+        model_type = getattr(target, "model_type", "") or ""
+        shape = next((s for prefix, s in _HYBRID_ATTENTION if model_type.startswith(prefix)), None)
+        if shape is not None:
+            overrides = {**shape, **overrides}
     num_target_layers = int(target.num_hidden_layers)
     hidden_size = int(target.hidden_size)
     num_heads = int(overrides.get("num_attention_heads", target.num_attention_heads))
@@ -122,6 +137,7 @@ def build_drafter_config(
     check_layer_types(list(layer_types), num_hidden_layers, sliding_window)
 
     fields: dict[str, Any] = {name: getattr(target, name) for name in _SIZE_FIELDS}
+    fields["num_attention_heads"] = num_heads
     fields["intermediate_size"] = getattr(target, "intermediate_size", None) or 3 * hidden_size
     if fields["num_key_value_heads"] is None:
         fields["num_key_value_heads"] = num_heads

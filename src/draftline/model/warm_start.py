@@ -7,10 +7,12 @@ layer through unchanged. The drafter then begins as "the top of the target, atte
 target's own hidden states", which trains much faster than random weights when data is scarce
 (the built-in demo); at scale, measure both.
 
-Hybrid targets (Qwen3.5/3.6): their top layers are mostly Gated DeltaNet, so only what has the
-drafter's names and shapes is copied (MLP, norms); their RMSNorms store ``w - 1`` (the layer
-applies ``1 + w``), which becomes the drafter's plain ``w``. Vision-language checkpoints are read
-under their language model's names.
+Only whole parts are copied, each where every tensor has the drafter's names and shapes: the MLP,
+each norm, and the attention block only when all of q/k/v/o and the q/k norms match. Hybrid targets
+(Qwen3.5/3.6): their top layers are mostly Gated DeltaNet, and their full-attention layers have
+another head shape than the public drafter's (gated 24 x 256 against 32 x 128), so MLPs and norms
+start from the target; their RMSNorms store ``w - 1`` (the layer applies ``1 + w``), which becomes
+the drafter's plain ``w``. Vision-language checkpoints are read under their language model's names.
 """
 
 from __future__ import annotations
@@ -75,12 +77,22 @@ def init_from_target(drafter: DFlashDrafter, target_dir: str | Path) -> list[str
 
     for i, layer in enumerate(drafter.layers):
         source = _module_name(skeleton, decoder.layers[num_target - num_draft + i])
-        for name, param in layer.named_parameters():
-            value = read(f"{source}.{name}") if _has(skeleton, f"{source}.{name}") else None
-            if value is None or tuple(value.shape) != tuple(param.shape):
-                continue  # e.g. q_norm/k_norm of a Llama target, a Gated DeltaNet layer: keep the fresh init
-            param.copy_(value.to(param.dtype))
-            copied.append(f"layers.{i}.{name} <- {source}.{name}")
+        # A part starts from the target only whole: an attention block with one tensor of another shape (another
+        # head shape) keeps its fresh init; what the target lacks (a Llama's q/k norms, the attention of a Gated
+        # DeltaNet layer) stays fresh too.
+        for part_name, part in layer.named_children():
+            values = {}
+            for name, param in part.named_parameters():
+                full = f"{source}.{part_name}.{name}"
+                value = read(full) if _has(skeleton, full) else None
+                if value is not None and tuple(value.shape) != tuple(param.shape):
+                    values = {}
+                    break
+                if value is not None:
+                    values[name] = value
+            for name, value in values.items():
+                part.get_parameter(name).copy_(value.to(part.get_parameter(name).dtype))
+                copied.append(f"layers.{i}.{part_name}.{name} <- {source}.{part_name}.{name}")
     norm = read(f"{_module_name(skeleton, decoder.norm)}.weight")
     if norm is not None and norm.shape == drafter.norm.weight.shape:
         drafter.norm.weight.copy_(norm.to(drafter.norm.weight.dtype))

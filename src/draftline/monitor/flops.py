@@ -19,7 +19,7 @@ Only model FLOPs count: norms, RoPE, softmax, gates' elementwise work, the loss,
 masked-out keys earn nothing, so MFU is comparable across implementations (flex vs dense
 attention, chunked vs recurrent linear attention, chunked heads, ...). Shapes come from
 ``monitor/shapes.py``, the reference workload from ``monitor/reference.py``, peaks and MFU from
-``monitor/peak.py`` (their names are importable from here too).
+``monitor/peak.py`` (the shapes' and peaks' names are importable from here too).
 """
 
 from __future__ import annotations
@@ -231,13 +231,3 @@ def drafter_flops_of_blocks(shape: DrafterShape, blocks: Any) -> float:
         anchor_positions=blocks.layout.anchor_pos,
         num_labelled_rows=int(blocks.label_rows.shape[0]),
     )
-
-
-def __getattr__(name: str):
-    # The reference workload lives in monitor/reference.py (which imports this module); the line
-    # still finds it here.
-    if name in ("reference_target_flops", "reference_drafter_flops"):
-        from draftline.monitor import reference
-
-        return getattr(reference, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -75,19 +75,15 @@ def _fused_loss_and_grad():
     return _FUSED
 
 
-fused_on_cuda = True
-"""Use the compiled chunk body on CUDA (the eager in-place loop otherwise, and always on CPU)."""
-
-
 class _ChunkedHeadLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, row_weights, chunk_rows, multiplier, softcap, teacher, distill):
+    def forward(ctx, hidden, weight, labels, row_weights, chunk_rows, multiplier, softcap, teacher, distill, fused):
         need_grad = ctx.needs_input_grad[0]
         rows = hidden.shape[0]
         loss = torch.zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
         correct = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if need_grad else None
-        fused = fused_on_cuda and hidden.is_cuda
+        fused = fused and hidden.is_cuda
         for start in range(0, rows, chunk_rows):
             end = min(start + chunk_rows, rows)
             label = labels[start:end]
@@ -130,7 +126,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_correct):
         (grad_hidden,) = ctx.saved_tensors
         grad = None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype)
-        return grad, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None
 
 
 def chunked_head_loss(
@@ -144,12 +140,14 @@ def chunked_head_loss(
     softcap: float | None = None,
     teacher: torch.Tensor | None = None,
     distill: float = 0.0,
+    fused: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum over rows of ``w * CE(logits, label)`` and the top-1 hit of each row.
 
     hidden [M, H] (after the drafter's final norm), head_weight [V, H] (frozen), labels [M],
     row_weights [M]; teacher [M, H] (the target's final-normed hidden state) when ``distill`` > 0.
-    Returns (loss_sum scalar fp32, correct [M] bool; correct is against the hard labels).
+    ``fused``: on CUDA, each chunk's loss and gradient in a compiled body (the eager loop otherwise,
+    and always on CPU). Returns (loss_sum scalar fp32, correct [M] bool; correct is against the hard labels).
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
@@ -159,7 +157,7 @@ def chunked_head_loss(
         raise ValueError("distill > 0 needs the teacher's hidden rows")
     teacher = teacher.detach() if distill > 0 else None
     return _ChunkedHeadLoss.apply(hidden, head_weight, labels, row_weights, chunk_rows, multiplier, softcap,
-                                  teacher, float(distill))
+                                  teacher, float(distill), fused)
 
 
 def plain_head_loss(hidden, head_weight, labels, row_weights, *, multiplier=1.0, softcap=None, teacher=None,

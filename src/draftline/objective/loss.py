@@ -45,6 +45,8 @@ class ObjectiveSettings:
     distill: float = 0.0
     """Weight of the target's own next-token distribution in each label (soft labels); above 0 the
     features carry the target's final-normed hidden state as their last ``hidden_size`` columns."""
+    fused_head: bool = True
+    """On CUDA, the head loss's chunks in a compiled body (``head_loss.chunked_head_loss``)."""
 
 
 class DFlashObjective:
@@ -72,6 +74,13 @@ class DFlashObjective:
         self.softcap = dflash.get("final_logit_softcapping")
         self.embed_weight = embed_weight.detach()
         self.head_weight = head_weight.detach()
+
+    @property
+    def feature_width(self) -> int:
+        """Columns of the features a pass takes: the K fused layers, plus (soft labels) the target's final
+        hidden state."""
+        hidden = self.drafter.config.hidden_size
+        return (len(self.drafter.target_layer_ids) + int(self.settings.distill > 0)) * hidden
 
     def blocks(self, batch: PackedBatch) -> BlockBatch:
         """Anchors, block inputs and labels of ``batch``, built on the host."""
@@ -134,6 +143,7 @@ class DFlashObjective:
             softcap=self.softcap,
             teacher=teacher,
             distill=self.settings.distill,
+            fused=self.settings.fused_head,
         )
         metrics = pass_metrics(
             loss_sum.detach(), correct, blocks.label_rows, blocks.label_weights, blocks.num_anchors, self.block_size

@@ -1,10 +1,11 @@
-"""A failed rank's last words: name the failure and its culprit, save what can be saved, exit code.
+"""A failed rank's last words: name the failure and its culprit, save what can be saved, the exit code.
 
 Every exception of a rank ends in ``fail``. A user-fixable ``DraftlineError`` is reported as is
 (exit 2). Otherwise the rank looks for a culprit: a communication error here is usually the echo of
-another rank's death, which the watchdog names (``Health.scan``). The logging drafter (or, if it is
-the one that died, the next drafter) saves a checkpoint of the last completed step and writes
-``RUN_DIR/failure.json``.
+another rank's death, which the watchdog names (``Health.scan``). With one drafter, the drafter saves
+a checkpoint of its last completed step and writes ``RUN_DIR/failure.json``; with several (their
+state sharded, a dead rank's shard gone with it) the newest periodic checkpoint is the one to resume
+from, and the message says which.
 """
 
 from __future__ import annotations
@@ -12,10 +13,33 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
+from draftline.checkpoint.state import latest_checkpoint
 from draftline.errors import DraftlineError
 from draftline.pipeline.health import Health, RunAborted, describe_exception
 from draftline.pipeline.memory import find_out_of_memory
+from draftline.pipeline.roles import Role
+
+
+@dataclass
+class FailureContext:
+    """What the failure handler of a rank may use: everything else it is not told about."""
+
+    health: Health
+    role: Role
+    world_size: int
+    store: object | None
+    run_dir: Path
+    logger: object
+    step: Callable[[], int | None] = lambda: None
+    """The last completed step (None before the drafter exists, and on targets)."""
+    save: Callable[[], Path] | None = None
+    """Saves a checkpoint of the last completed step (the one drafter of an unsharded run; else None)."""
+    writes_report: bool = False
+    """This rank writes failure.json and the end record (the first drafter)."""
 
 
 def find_culprit(health: Health, wait_s: float = 3.0) -> str | None:
@@ -41,17 +65,17 @@ def _run_over(store) -> bool:
         return False
 
 
-def fail(line, exc: BaseException) -> int:
-    """Name the failure of ``line`` (a ``line.Line``), save what can be saved, return the exit code."""
-    health, worker = line.health, line.worker
+def fail(exc: BaseException, ctx: FailureContext) -> int:
+    """Name the failure, save what can be saved, return the exit code."""
+    health = ctx.health
+    health.handling_failure()  # this rank's main thread is here, not stuck in a collective
     if isinstance(exc, DraftlineError):
         # Something the user can fix (config, data, memory): say it plainly; peers name this rank.
         health.report_failure(str(exc))
-        where = f" ({health.info.describe()})" if line.env.world_size > 1 else ""
+        where = f" ({health.info.describe()})" if ctx.world_size > 1 else ""
         print(f"draftline train: error{where}: {exc}", file=sys.stderr, flush=True)
-        if line.role.is_logging and worker is not None:
-            line.logger.log({"kind": "end", "time": time.time(), "elapsed_s": 0.0, "step": worker.step,
-                             "status": "failed", "reason": str(exc)})
+        if ctx.writes_report:
+            _log_end(ctx, str(exc))
         return 2
     if isinstance(exc, RunAborted):
         message = str(exc)
@@ -59,38 +83,47 @@ def fail(line, exc: BaseException) -> int:
         cause = describe_exception(exc)
         # A communication error is usually the echo of another rank's death; running out of memory is not.
         own = find_out_of_memory(exc) is not None
-        culprit = find_culprit(health) if line.store is not None and not own else None
+        culprit = find_culprit(health) if ctx.store is not None and not own else None
         if culprit:
             message = f"{culprit} (seen by {health.info.describe()} as: {cause[:200]})"
             health.abort(message, publish=True, rank=health.failed_rank)
         else:
             health.report_failure(cause)
             message = health.aborted
-    clean_stop = isinstance(exc, RunAborted) and line.store is not None and _run_over(line.store)
-    if clean_stop:
-        return 0
-    if line.role.is_logging or line.env.world_size == 1:
+    if isinstance(exc, RunAborted) and ctx.store is not None and _run_over(ctx.store):
+        return 0  # the drafters ended the run while this rank waited: a clean stop
+    if ctx.role.is_logging or ctx.world_size == 1:
         print(f"\ndraftline: run failed: {message}", file=sys.stderr, flush=True)
     else:
         print(f"draftline: {health.info.describe()}: stopping: {message}", file=sys.stderr, flush=True)
-    # The logging drafter saves; if it is the rank that died, the next drafter does.
-    role = line.role
-    saver = role.is_logging or (role.is_drafter and role.index == 1 and health.failed_rank == 0)
-    if saver and worker is not None and not worker.in_optimizer_step:
+    saved = None
+    if ctx.save is not None:
         try:
-            worker.settle(notify=False)  # the last step's record (read one step late) and its update, queued
-            path = line.save_checkpoint()
-            print(f"draftline: checkpoint of the last completed step ({worker.step}) saved to {path}; "
+            saved = ctx.save()
+            print(f"draftline: checkpoint of the last completed step ({ctx.step()}) saved to {saved}; "
                   "fix the cause and run the same command with --resume", file=sys.stderr, flush=True)
         except BaseException as save_exc:  # noqa: BLE001
             print(f"draftline: could not save a checkpoint: {describe_exception(save_exc)}", file=sys.stderr)
-    if saver:
+    elif ctx.writes_report and ctx.role.num_drafters > 1:
+        newest = latest_checkpoint(ctx.run_dir, quiet=True)
+        print("draftline: the drafters' state is sharded, so no checkpoint is written after a failure; "
+              + (f"resume from the newest one, {newest}, with the same command and --resume" if newest else
+                 "no checkpoint was written before it: start again"), file=sys.stderr, flush=True)
+        saved = newest
+    if ctx.writes_report:
         try:
-            (line.run_dir / "failure.json").write_text(json.dumps(
-                {"time": time.time(), "message": message, "step": worker.step if worker else None,
-                 "checkpoint": str(line.saved) if line.saved else None}, indent=2) + "\n")
-            line.logger.log({"kind": "end", "time": time.time(), "elapsed_s": 0.0,
-                             "step": worker.step if worker else None, "status": "failed", "reason": message})
+            (ctx.run_dir / "failure.json").write_text(json.dumps(
+                {"time": time.time(), "message": message, "step": ctx.step(),
+                 "checkpoint": str(saved) if saved else None}, indent=2) + "\n")
         except OSError:
             pass
+        _log_end(ctx, message)
     return 1
+
+
+def _log_end(ctx: FailureContext, reason: str) -> None:
+    try:
+        ctx.logger.log({"kind": "end", "time": time.time(), "elapsed_s": 0.0, "step": ctx.step(),
+                        "status": "failed", "reason": reason})
+    except Exception:  # noqa: BLE001 - a full disk must not hide the message above
+        pass

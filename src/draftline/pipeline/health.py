@@ -110,6 +110,9 @@ class Health:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.peers: dict[int, RankInfo] = {info.rank: info}
+        self.stuck_exit_s: float | None = None
+        """Set for a sharded drafter: see ``exit_if_stuck``."""
+        self._handled = threading.Event()
 
     # ---------------------------------------------------------------- local state
     def tick(self) -> None:
@@ -137,6 +140,23 @@ class Health:
         self.warm = True
         self.tick()
 
+    def exit_if_stuck(self, seconds: float) -> None:
+        """After a failure elsewhere, end this process if its main thread has not reached the failure handler
+        ``seconds`` later: a sharded drafter can be blocked inside FSDP's gathers and reduce-scatters, which
+        do not poll this object, waiting for a rank that is gone."""
+        self.stuck_exit_s = seconds
+
+    def handling_failure(self) -> None:
+        """The main thread has reached the failure handler: it is not stuck."""
+        self._handled.set()
+
+    def _exit_when_stuck(self, message: str) -> None:
+        if self._handled.wait(self.stuck_exit_s) or self._stop.is_set():
+            return
+        print(f"draftline: {self.info.describe()}: stopping: {message} (this rank was blocked in a collective with "
+              f"the drafters for {self.stuck_exit_s:.0f} s)", flush=True)
+        os._exit(1)
+
     def abort(self, message: str, *, publish: bool = False, rank: int | None = None) -> None:
         """Stop this rank's waits with ``message``. With ``publish``, the first such message also goes
         to the store, so every rank names the same culprit (``rank``, when known) at its next scan."""
@@ -144,6 +164,8 @@ class Health:
             first = self._abort is None
             if first:
                 self._abort = message
+        if first and publish and self.stuck_exit_s:
+            threading.Thread(target=self._exit_when_stuck, args=(message,), name="draftline-stuck", daemon=True).start()
         if first and publish and self.store is not None:
             try:
                 if not self.store.check(["abort"]):

@@ -1,11 +1,10 @@
-"""One process's part of a training run: set up, wire the role's workers, run them, finish.
+"""One process's part of a training run: build its role's pieces from the spec, run its loop, finish.
 
-``Line.run`` reads top to bottom: agree on the setup with rank 0 (``setup``), plan the data, build
-the target and/or the drafter (``build``), open the transport (``transport.open_transport``), run the
-role's loop (colocated: the target in a thread, the drafter here), and finish (final checkpoint,
-export, acceptance). After every optimizer step the logging drafter updates the monitor, and on
-their cadence saves a checkpoint and measures acceptance (``evaluation``). A failure ends in
-``failure.fail``.
+``Line.run`` reads top to bottom: print the plan (first drafter), build the target (``build``) and
+check its worst case (``preflight``), build the drafter worker, check its worst case and resume it
+(``checkpoints.resume``), open the transport (``transport.open_transport``), run the role's loop
+(colocated: the target in a thread, the drafter here, ``loop.train``), and finish (final checkpoint,
+export, the final measurement). A failure ends in ``failure.fail`` with ``Line.failure_context``.
 """
 
 from __future__ import annotations
@@ -15,230 +14,199 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from draftline.checkpoint.export import save_drafter
-from draftline.checkpoint.state import TrainerState, save_checkpoint
-from draftline.config import TrainConfig
-from draftline.evaluate.acceptance import eval_interval, evaluate_in_training
+from draftline.checkpoint.state import check_disk_space
 from draftline.model.target import TargetFeatures
 from draftline.monitor.dashboard import Dashboard
-from draftline.monitor.flops import TargetShape, resolve_peak
+from draftline.monitor.flops import resolve_peak
 from draftline.monitor.gpu import device_stats
 from draftline.monitor.loggers import NullLogger, open_loggers
-from draftline.pipeline import rundir
-from draftline.pipeline.build import (
-    DistEnv, build_drafter, build_objective, build_target, compute_dtype, feature_width, plan_data, resume_training,
-)
-from draftline.pipeline.drafter_worker import DrafterWorker, GradSync
+from draftline.pipeline import loop, rundir
+from draftline.pipeline.build import build_drafter_worker, build_target, build_target_worker
+from draftline.pipeline.checkpoints import Checkpointer, resume
+from draftline.pipeline.drafter_worker import DrafterWorker
 from draftline.pipeline.evaluation import InTrainingEvaluation
-from draftline.pipeline.failure import fail
+from draftline.pipeline.failure import FailureContext
 from draftline.pipeline.health import Health
-from draftline.pipeline.monitor_loop import LineMonitor
-from draftline.pipeline.optim import build_optimizer, build_scheduler
-from draftline.pipeline.roles import COLOCATED, Role
-from draftline.pipeline.setup import RunSetup, agree_on_setup
+from draftline.pipeline.monitor_loop import DrafterPublisher, LineMonitor, write_trace
+from draftline.pipeline.shard import DrafterGroup
 from draftline.pipeline.signals import StopSignals
-from draftline.pipeline.target_worker import Prefetcher, TargetWorker, run_target_thread
+from draftline.pipeline.spec import RunSpec
+from draftline.pipeline.target_worker import TargetWorker, run_target_thread
 from draftline.pipeline.transport import open_transport
 
 
 class Line:
-    """The state of this process's part of the run."""
+    """This process's part of the run (see the module docstring)."""
 
-    def __init__(self, config: TrainConfig, env: DistEnv, device: torch.device, role: Role, health: Health, store,
-                 drafter_group=None):
-        self.config = config
-        self.env = env
-        self.device = device
-        self.role = role
+    def __init__(self, spec: RunSpec, health: Health, store, group: DrafterGroup, signals: StopSignals,
+                 resume_note: str | None = None):
+        self.spec = spec
         self.health = health
         self.store = store
-        self.drafter_group = drafter_group  # the drafters' process group (None with one drafter)
-        self.signals = StopSignals()
-        self.dtype = compute_dtype(config, device)
-        self.run_dir = Path(config.out)
-        self.worker: DrafterWorker | None = None
-        self.target_worker: TargetWorker | None = None
-        self.monitor: LineMonitor | None = None
-        self.evaluate: InTrainingEvaluation | None = None
+        self.group = group
+        self.signals = signals
+        self.resume_note = resume_note
         self.logger = NullLogger()
-        self.saved: Path | None = None
-        self.feature_width = 0
+        self.target_worker: TargetWorker | None = None
+        self.worker: DrafterWorker | None = None
+        self.checkpointer: Checkpointer | None = None
+        self.monitor = DrafterPublisher(health)
+        self.evaluation: InTrainingEvaluation | None = None
+        self.receiver = None
+        self.target_preflight = None  # the target's preflight result (a colocated drafter's adds its transient)
 
     # ------------------------------------------------------------------ the run
     def run(self) -> str:
-        setup = agree_on_setup(self.config, self.env.rank, self.store, self.health)
+        spec, role = self.spec, self.spec.role
         self._write_rank_info()
-        self.plan = plan = plan_data(self.config, Path(setup.data_dir), self.role.num_drafters)
-        start_seq = setup.start_step * plan.batches_per_step
-        if self.role.is_logging:
-            self._print_plan(setup, plan)
-
-        target = self._build_target() if self.role.is_target else None
-        if self.role.is_drafter:
-            self._build_drafter(target, setup)
-        if self.role.is_logging:
-            self._log_start(setup)
-
-        sender, receiver = open_transport(
-            self.role, self.health, q_hs=self.config.topology.q_hs, store=self.store,
-            drafter_seqs=self._own_seqs(start_seq, self.role.num_drafters), batch_for=plan.batch,
-            feature_width=self.feature_width, device=self.device, dtype=self.dtype,
+        if role.is_logging:
+            self._print_plan()
+        # ---- build
+        target = self._build_target() if role.is_target else None
+        if role.is_drafter:
+            self._build_drafter(target)
+        # ---- transport
+        sender, self.receiver = open_transport(
+            role, self.health, q_hs=spec.config.topology.q_hs, store=self.store,
+            drafter_seqs=(s for step in range(spec.start_step, spec.total_steps) for s in spec.drafter_seqs(step)),
+            batch_for=spec.data.batch, feature_width=spec.model.feature_width, device=spec.device, dtype=spec.dtype,
         )
-        if self.role.is_target:
-            self.target_worker = self._target_worker(target, sender, start_seq)
-        if self.role.is_logging:
-            self.evaluate = InTrainingEvaluation(self.config, plan, self.device, self.dtype, self.logger,
-                                                 target_worker=self.target_worker)
-        if self.role.kind == COLOCATED:
+        if role.is_target:
+            self.target_worker = build_target_worker(spec, target, sender, self.health, on_batch=self._after_target_batch)
+        if role.is_drafter:
+            self.evaluation = InTrainingEvaluation(spec, self.group, self.logger,
+                                                   target_worker=self.target_worker if spec.colocated else None)
+        # ---- run
+        if spec.colocated:
             thread = run_target_thread(self.target_worker, self.health)
-            self.worker.receiver = receiver
-            status = self._drafter_loop()
+            status = self._train()
             thread.join(timeout=1.0)
             return status
-        if self.role.is_target:
+        if role.is_target:
             self.target_worker.run()
             self.health.report_done()
-            return "finished"
-        self.worker.receiver = receiver
-        return self._drafter_loop()
+            return loop.FINISHED
+        return self._train()
 
-    def fail(self, exc: BaseException) -> int:
-        """Name the failure, save what can be saved, return the exit code (``failure.fail``)."""
-        return fail(self, exc)
-
-    def _own_seqs(self, start_seq: int, count: int):
-        """Batch numbers from ``start_seq`` this rank handles as one of ``count`` targets or drafters."""
-        plan = self.plan
-        return (b.seq for b in plan.schedule.batches(start_seq, self.role.index, count) if b.seq < plan.end_seq)
-
-    def _write_rank_info(self) -> None:
-        """RUN_DIR/ranks/rank-N.json: which process is which (role, host, GPU, pid), for operators."""
-        folder = self.run_dir / "ranks"
+    def _train(self) -> str:
+        self.monitor.start()
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            info = {**self.health.info.__dict__, "role_index": self.role.index}
-            (folder / f"rank-{self.env.rank}.json").write_text(json.dumps(info) + "\n")
-        except OSError:
-            pass  # the run directory may live on another node only
+            status = loop.train(self.spec, self.worker, self.receiver, monitor=self.monitor,
+                                checkpointer=self.checkpointer, evaluation=self.evaluation,
+                                stop_requested=self._stop_requested)
+        finally:
+            self.monitor.stop()
+        self.finish_drafter(status)
+        return status
 
-    def topology(self) -> dict:
-        return {"targets": self.role.num_targets, "drafters": self.role.num_drafters,
-                "colocated": self.role.kind == COLOCATED, "world_size": self.env.world_size,
-                "device": str(self.device.type)}
+    def finish_drafter(self, status: str) -> None:
+        """The end of a drafter's run: its checkpoint (on disk before we say so), on a finish the exported
+        drafter and the final measurement, the end record; every drafter takes part."""
+        spec, worker, first = self.spec, self.worker, self.group.is_first
+        saved = self.checkpointer.save(wait=True)
+        if status == loop.FINISHED:
+            weights = self.group.full_weights(worker.drafter)
+            if first:
+                final = save_drafter(worker.drafter, spec.run_dir / "final", dtype=torch.bfloat16, weights=weights)
+                print(f"draftline: finished at step {worker.step}; drafter in {final}")
+            summary = self.evaluation.final(worker.drafter, worker.step)
+            if summary is not None:
+                self.monitor.measured = summary
+        elif first:
+            print(f"draftline: stopped at step {worker.step}; checkpoint {saved}; "
+                  "continue with the same command and --resume")
+        if first:
+            self.logger.log({"kind": "end", "time": time.time(), "elapsed_s": time.time() - self.monitor.started,
+                             "step": worker.step, "status": status,
+                             "reason": "signal" if status == loop.STOPPED else ""})
+            if self.store is not None:
+                self.store.set("run_over", status)
+        self.health.report_done()
 
-    def _print_plan(self, setup: RunSetup, plan) -> None:
-        c = self.config
-        print(f"draftline: {setup.mode} run in {self.run_dir}"
-              + (f" from {setup.checkpoint} (step {setup.start_step})" if setup.checkpoint else ""))
-        if self.role.kind != COLOCATED:
-            layout = f"{self.role.num_targets} target(s) + {self.role.num_drafters} drafter(s)"
-        elif self.env.world_size == 1:
-            layout = "target and drafter colocated on one device"
-        else:
-            layout = f"{self.env.world_size} ranks, each a target and a drafter (colocated, data-parallel drafters)"
-        print(f"  topology: {layout} ({self.device.type})")
-        print(f"  data: {len(plan.dataset)} samples, {int(plan.dataset.lengths.sum())} tokens, "
-              f"{plan.schedule.total_batches} batches of <= {c.data.token_budget} tokens over {c.data.epochs} epoch(s)")
-        print(f"  optimizer step: {plan.batches_per_step} batch(es); {plan.total_steps} steps"
-              f"{' (--max-steps)' if c.optim.max_steps else ''}; lr {c.optim.lr} cosine, "
-              f"warmup {round(c.optim.warmup_ratio * plan.total_steps)} steps")
-        print(f"  queues: q_pre {c.topology.q_pre} per target, q_hs {c.topology.q_hs}; "
-              f"checkpoints every {c.checkpoint.every_steps} steps / {c.checkpoint.every_minutes} min, keep {c.checkpoint.keep}")
-
-    def _log_start(self, setup: RunSetup) -> None:
-        rundir.log_start(self.config, rundir.StartDecision(setup.mode, setup.checkpoint), step=self.worker.step,
-                         world_size=self.env.world_size, topology=self.topology())
-        self.logger.log({"kind": "start", "time": time.time(), "elapsed_s": 0.0, "mode": setup.mode,
-                         "step": self.worker.step, "config": self.config.to_dict(), "topology": self.topology(),
-                         "peak_flops": self.monitor.peak.flops, "peak_source": self.monitor.peak.source})
+    def failure_context(self) -> FailureContext:
+        """What ``failure.fail`` may use on this rank."""
+        worker, role = self.worker, self.spec.role
+        save = None
+        if worker is not None and role.is_logging and not self.group.sharded:
+            def save():
+                worker.read_record(check=False)  # the last step's record (read one step late) and its update, queued
+                if worker.in_optimizer_step:
+                    raise RuntimeError("the failure came inside the optimizer step: the weights are half-updated")
+                return self.checkpointer.save()
+        return FailureContext(self.health, role, self.spec.env.world_size, self.store, self.spec.run_dir,
+                              self.logger, step=lambda: worker.step if worker is not None else None, save=save,
+                              writes_report=role.is_logging)
 
     # ------------------------------------------------------------------ builders
     def _build_target(self) -> TargetFeatures:
-        target = build_target(self.config, self.role, self.device, self.dtype)
+        target = build_target(self.spec)
         self.health.watch(target.decoder.layers)
-        if self.config.engine.preflight and self.device.type == "cuda":
+        if self.spec.config.engine.preflight and self.spec.device.type == "cuda":
             from draftline.pipeline.preflight import preflight_target
 
-            self.target_preflight = preflight_target(self, target)
+            self.target_preflight = preflight_target(self.spec, target, self.health.info.describe())
         return target
 
-    def _target_worker(self, target: TargetFeatures, sender, start_seq: int) -> TargetWorker:
-        # Colocated, targets and drafters are the same ranks: the target thread computes exactly the
-        # batches its own drafter trains.
-        seqs = self._own_seqs(start_seq, self.role.num_targets)
-        prefetcher = Prefetcher(seqs, self.plan.batch, self.config.topology.q_pre, self.health)
-        shape = TargetShape.from_config(target.model.config)
-
-        def publish(worker: TargetWorker) -> None:
-            c = worker.counters
-            self.health.stats.update("target", {
-                "batches": c.batches, "tokens": c.tokens, "flops": c.flops,
-                "wait_data_s": c.wait_data_s, "wait_drafters_s": c.wait_drafters_s,
-                "q_pre": prefetcher.depth(), "q_hs": sender.depth(),
-                "bytes_sent": getattr(sender, "bytes_sent", 0), "send_s": getattr(sender, "send_seconds", 0.0)})
-            if self.role.kind != COLOCATED:
-                self.health.stats.update("gpu", {**device_stats(self.device).to_record(), "rank": self.env.rank,
-                                                 "role": "target"})
-
-        return TargetWorker(features=target, prefetcher=prefetcher, sender=sender, health=self.health,
-                            shape=shape, layers_run=target.layers_run, on_batch=publish, device=self.device)
-
-    def _build_drafter(self, target: TargetFeatures | None, setup: RunSetup) -> None:
-        c = self.config
-        drafter = build_drafter(c, self.device)
-        self.feature_width = feature_width(c, drafter)
-        objective = build_objective(c, drafter, self.device, self.dtype, target)
-        optimizer = build_optimizer(drafter, c.optim)
-        scheduler = build_scheduler(optimizer, c.optim, self.plan.total_steps)
-        group = self.drafter_group if self.role.num_drafters > 1 else None
-        if c.engine.preflight and self.device.type == "cuda":
+    def _build_drafter(self, target: TargetFeatures | None) -> None:
+        spec, c = self.spec, self.spec.config
+        if self.group.sharded:
+            self.health.exit_if_stuck(15.0)
+        self.worker = worker = build_drafter_worker(spec, self.health, group=self.group, target=target,
+                                                    on_batch=self._trace_batch if c.engine.trace else None)
+        if c.engine.preflight and spec.device.type == "cuda":
             from draftline.pipeline.preflight import preflight_drafter
 
-            preflight_drafter(self, objective, optimizer, target)
-            optimizer = build_optimizer(drafter, c.optim)  # drop the state preflight allocated
-            scheduler = build_scheduler(optimizer, c.optim, self.plan.total_steps)
-        start_step = 0
-        if setup.checkpoint:
-            start_step = resume_training(setup.checkpoint, drafter=drafter, optimizer=optimizer, scheduler=scheduler,
-                                         batches_per_step=self.plan.batches_per_step,
-                                         num_drafters=self.role.num_drafters, balance_steps=c.data.balance_steps)
-        elif group is not None:
-            for p in drafter.parameters():  # every drafter starts from rank 0's weights
-                dist.broadcast(p.data, src=0, group=group)
-        if self.role.is_logging:
-            self.logger = open_loggers(self.run_dir, tensorboard=c.monitor.tensorboard, wandb=c.monitor.wandb,
-                                       wandb_project=c.monitor.wandb_project, is_logging_rank=True)
-            peak = resolve_peak(self.device, self.dtype, c.monitor.peak_tflops * 1e12 if c.monitor.peak_tflops else None)
-            self.monitor = LineMonitor(
-                health=self.health, logger=self.logger, dashboard=Dashboard(), block_size=drafter.block_size,
-                total_steps=self.plan.total_steps, start_step=start_step, batches_per_step=self.plan.batches_per_step,
-                schedule=self.plan.schedule, peak=peak, num_devices=self.env.world_size,
-                q_pre_capacity=c.topology.q_pre, q_hs_capacity=c.topology.q_hs, interval_s=c.monitor.interval_s,
-            )
-        self.worker = DrafterWorker(
-            objective=objective, optimizer=optimizer, scheduler=scheduler, receiver=None,
-            sync=GradSync([p for p in drafter.parameters() if p.requires_grad], group, self.health),
-            health=self.health, device=self.device, compute_dtype=self.dtype,
-            batches_per_step=self.plan.batches_per_step, start_step=start_step, total_steps=self.plan.total_steps,
-            max_query_rows=c.engine.max_query_rows, grad_clip=c.optim.grad_clip, max_bad_steps=c.optim.max_bad_steps,
-            activation_checkpointing=c.engine.activation_checkpointing, compile_layers=c.engine.compile,
-            on_step=self._after_step, on_batch=self._trace_batch if c.engine.trace else None,
-            stop_requested=self._stop_requested,
-        )
-        self.last_save_time = time.time()
+            preflight_drafter(spec, worker, self.health.info.describe(), self.target_preflight)
+        counters = resume(spec, worker, self.group) if spec.checkpoint else {}
+        if spec.role.is_logging:
+            self._open_monitor(counters)
+        self.checkpointer = Checkpointer(
+            spec, worker, self.group,
+            counters=lambda: {"tokens": self.monitor.total_tokens, "samples": self.monitor.total_samples},
+            in_flight=lambda: list(getattr(self.receiver, "claimed", [])))
 
-    # ------------------------------------------------------------------ drafter side
-    def _trace(self, name: str, record: dict) -> None:
-        folder = self.run_dir / "trace"
-        folder.mkdir(exist_ok=True)
-        with (folder / name).open("a") as f:
-            f.write(json.dumps(record) + "\n")
+    def _open_monitor(self, counters: dict) -> None:
+        spec, c = self.spec, self.spec.config
+        problem = check_disk_space(spec.run_dir, spec.model.num_trained_params, c.checkpoint.keep)
+        if problem:
+            print(f"draftline: warning: {problem}: checkpoints will fail; free space, lower --keep or move --out",
+                  flush=True)
+        self.logger = open_loggers(spec.run_dir, tensorboard=c.monitor.tensorboard, wandb=c.monitor.wandb,
+                                   wandb_project=c.monitor.wandb_project, is_logging_rank=True)
+        peak = resolve_peak(spec.device, spec.dtype, c.monitor.peak_tflops * 1e12 if c.monitor.peak_tflops else None)
+        self.monitor = LineMonitor(
+            health=self.health, logger=self.logger, dashboard=Dashboard(), block_size=spec.model.block_size,
+            total_steps=spec.total_steps, start_step=spec.start_step, batches_per_step=spec.batches_per_step,
+            schedule=spec.data.schedule, peak=peak, num_devices=spec.env.world_size,
+            q_pre_capacity=c.topology.q_pre, q_hs_capacity=c.topology.q_hs, interval_s=c.monitor.interval_s,
+            trace_dir=spec.run_dir / "trace" if c.engine.trace else None, counters=counters,
+        )
+        rundir.log_start(c, rundir.StartDecision(spec.mode, Path(spec.checkpoint) if spec.checkpoint else None),
+                         step=spec.start_step, world_size=spec.env.world_size, topology=self.topology())
+        self.logger.log({"kind": "start", "time": time.time(), "elapsed_s": 0.0, "mode": spec.mode,
+                         "step": spec.start_step, "config": c.to_dict(), "topology": self.topology(),
+                         "init": spec.model.init, "peak_flops": peak.flops, "peak_source": peak.source})
+
+    # ------------------------------------------------------------------ along the way
+    def _after_target_batch(self, worker: TargetWorker) -> None:
+        c = worker.counters
+        sender = worker.sender
+        self.health.stats.update("target", {
+            "batches": c.batches, "tokens": c.tokens, "flops": c.flops,
+            "wait_data_s": c.wait_data_s, "wait_drafters_s": c.wait_drafters_s,
+            "q_pre": worker.prefetcher.depth(), "q_hs": sender.depth(),
+            "bytes_sent": getattr(sender, "bytes_sent", 0), "send_s": getattr(sender, "send_seconds", 0.0)})
+        if not self.spec.colocated:
+            self.health.stats.update("gpu", {**device_stats(self.spec.device).to_record(), "rank": self.spec.env.rank,
+                                             "role": "target"})
+            if self.signals.requested and self.store is not None:  # a target's signal stops the drafters
+                self.store.set("stop_requested", "1")
 
     def _trace_batch(self, worker: DrafterWorker, delivery) -> None:
-        self._trace(f"drafter-{self.env.rank}.jsonl", {
-            "step": delivery.seq // worker.batches_per_step, "seq": delivery.seq, "epoch": delivery.batch.epoch,
+        write_trace(self.spec.run_dir / "trace", f"drafter-{self.spec.env.rank}.jsonl", {
+            "step": delivery.seq // self.spec.batches_per_step, "seq": delivery.seq, "epoch": delivery.batch.epoch,
             "sample_ids": delivery.batch.sample_ids.tolist()})
 
     def _stop_requested(self) -> bool:
@@ -246,76 +214,47 @@ class Line:
             return True
         return self.store is not None and self.store.check(["stop_requested"])
 
-    def _after_step(self, worker: DrafterWorker, vector: torch.Tensor) -> None:
-        c = worker.counters
-        self.health.stats.update("drafter", {"step": c.step, "batches": c.batches, "wait_s": c.wait_s,
-                                             "busy_s": c.busy_s})
-        self.health.stats.update("gpu", {**device_stats(self.device).to_record(), "rank": self.env.rank,
-                                         "role": self.role.kind})
-        if self.signals.requested and self.store is not None:
-            self.store.set("stop_requested", "1")
-        if not self.role.is_logging:
-            return
-        self.monitor.on_step(worker, vector)
-        if self.config.engine.trace:
-            v = vector.cpu()
-            self._trace("steps.jsonl", {"step": worker.step, "loss": float(v[0] / v[1]) if v[1] > 0 else None,
-                                        "weight": float(v[1]), "lr": worker.scheduler.get_last_lr()[0]})
-        every, minutes = self.config.checkpoint.every_steps, self.config.checkpoint.every_minutes
-        due = (every and worker.step % every == 0) or (minutes and time.time() - self.last_save_time > minutes * 60)
-        if due and worker.step < worker.total_steps:
-            self.save_checkpoint()
-        eval_every = eval_interval(self.config.monitor.eval_every, worker.total_steps)
-        if eval_every and worker.step % eval_every == 0 and worker.step < worker.total_steps:
-            evaluate_in_training(self._measure_acceptance, self.config.monitor)
-
-    def _measure_acceptance(self, final: bool = False) -> dict | None:
-        """Real acceptance of the drafter as it is now (logging rank): the one place its result returns.
-        ``final``: at the end of the run, on the prompts and length ``draftline eval`` uses."""
-        summary = self.evaluate(self.worker.drafter, self.worker.step, final=final)
-        if summary is not None and self.monitor is not None:
-            self.monitor.measured = summary  # the monitor's tau is the latest measured acceptance
-        return summary
-
-    def save_checkpoint(self, wait: bool = False) -> Path:
-        """Checkpoint the current step: copied to host memory now, written in the background (``wait``: on disk before returning)."""
-        if self.monitor is None:  # a drafter standing in for a dead rank 0
-            self.last_save_time = time.time()
-        w = self.worker
-        state = TrainerState(
-            step=w.step, next_seq=w.step * w.batches_per_step,
-            in_flight=list(getattr(w.receiver, "claimed", [])),
-            counters={"tokens": self.monitor.total_tokens if self.monitor else 0,
-                      "samples": self.monitor.total_samples if self.monitor else 0,
-                      "skipped_steps": w.counters.skipped_steps},
-            config=self.config.to_dict(),
-        )
-        path = save_checkpoint(self.run_dir, drafter=w.drafter, optimizer=w.optimizer, scheduler=w.scheduler,
-                               state=state, keep=self.config.checkpoint.keep, wait=wait)
-        self.last_save_time = time.time()
-        self.saved = path
-        return path
-
-    def _drafter_loop(self) -> str:
-        if self.monitor is not None:
-            self.monitor.start()
+    # ------------------------------------------------------------------ for operators
+    def _write_rank_info(self) -> None:
+        """RUN_DIR/ranks/rank-N.json: which process is which (role, host, GPU, pid), for operators."""
+        folder = self.spec.run_dir / "ranks"
         try:
-            status = self.worker.run()
-        finally:
-            if self.monitor is not None:
-                self.monitor.stop()
-        if self.role.is_logging:
-            self.save_checkpoint(wait=True)  # the final or SIGTERM checkpoint is on disk before we say so
-            if status == "finished":
-                final = save_drafter(self.worker.drafter, self.run_dir / "final", dtype=torch.bfloat16)
-                print(f"draftline: finished at step {self.worker.step}; drafter in {final}")
-                self._measure_acceptance(final=True)
-            else:
-                print(f"draftline: stopped at step {self.worker.step}; checkpoint {self.saved}; "
-                      "continue with the same command and --resume")
-            self.logger.log({"kind": "end", "time": time.time(), "elapsed_s": time.time() - self.monitor.started,
-                             "step": self.worker.step, "status": status, "reason": "signal" if status == "stopped" else ""})
-        if self.store is not None:
-            self.store.set("run_over", status)
-        self.health.report_done()
-        return status
+            folder.mkdir(parents=True, exist_ok=True)
+            info = {**self.health.info.__dict__, "role_index": self.spec.role.index}
+            (folder / f"rank-{self.spec.env.rank}.json").write_text(json.dumps(info) + "\n")
+        except OSError:
+            pass  # the run directory may live on another node only
+
+    def topology(self) -> dict:
+        role = self.spec.role
+        return {"targets": role.num_targets, "drafters": role.num_drafters, "colocated": self.spec.colocated,
+                "world_size": self.spec.env.world_size, "device": str(self.spec.device.type),
+                "sharded": self.group.sharded}
+
+    def _print_plan(self) -> None:
+        spec, c, plan = self.spec, self.spec.config, self.spec.data
+        role = spec.role
+        print(f"draftline: {spec.mode} run in {spec.run_dir}"
+              + (f" from {spec.checkpoint} (step {spec.start_step})" if spec.checkpoint else ""))
+        if self.resume_note:
+            print(f"  resume: {self.resume_note}")
+        if not spec.colocated:
+            layout = f"{role.num_targets} target(s) + {role.num_drafters} drafter(s)"
+        elif spec.env.world_size == 1:
+            layout = "target and drafter colocated on one device"
+        else:
+            layout = f"{spec.env.world_size} ranks, each a target and a drafter (colocated)"
+        sharding = (f"; the drafter's state sharded over the {role.num_drafters} drafters (FSDP2)"
+                    if role.num_drafters > 1 else "")
+        print(f"  topology: {layout} ({spec.device.type}){sharding}")
+        m = spec.model
+        print(f"  drafter: {m.drafter_config.num_hidden_layers} layers, block {m.block_size}, "
+              f"{m.num_trained_params / 1e6:,.1f}M trained parameters, features of target layers {list(m.layer_ids)}; "
+              f"starts {m.describe_init()}")
+        print(f"  data: {len(plan.dataset)} samples, {int(plan.dataset.lengths.sum())} tokens, "
+              f"{plan.schedule.total_batches} batches of <= {c.data.token_budget} tokens over {c.data.epochs} epoch(s)")
+        print(f"  optimizer step: {spec.batches_per_step} batch(es); {spec.total_steps} steps"
+              f"{' (--max-steps)' if c.optim.max_steps else ''}; lr {c.optim.lr} cosine, "
+              f"warmup {round(c.optim.warmup_ratio * spec.total_steps)} steps")
+        print(f"  queues: q_pre {c.topology.q_pre} per target, q_hs {c.topology.q_hs}; "
+              f"checkpoints every {c.checkpoint.every_steps} steps / {c.checkpoint.every_minutes} min, keep {c.checkpoint.keep}")

@@ -18,8 +18,45 @@ from draftline.monitor.dashboard import Dashboard
 from draftline.monitor.flops import PeakFlops, mfu
 from draftline.monitor.gpu import GpuStats
 from draftline.monitor.status import LineStatus, RateMeter, eta_seconds
-from draftline.objective.metrics import metrics_size, summarize
+from draftline.monitor.gpu import device_stats
+from draftline.objective.metrics import WEIGHT_SUM, metrics_size, summarize
 from draftline.pipeline.health import Health
+
+
+def publish_drafter(health: Health, worker) -> None:
+    """This drafter's counters and device figures, for the monitor on the first drafter (through the heartbeat)."""
+    c = worker.counters
+    health.stats.update("drafter", {"step": c.step, "batches": c.batches, "wait_s": c.wait_s, "busy_s": c.busy_s})
+    health.stats.update("gpu", {**device_stats(worker.device).to_record(), "rank": health.info.rank,
+                                "role": health.info.role})
+
+
+def write_trace(folder, name: str, record: dict) -> None:
+    """One line of RUN_DIR/trace/NAME (``engine.trace``: what each step and drafter did, for audits and tests)."""
+    import json
+
+    folder.mkdir(exist_ok=True)
+    with (folder / name).open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+class DrafterPublisher:
+    """What a drafter other than the first does after a step: publish its counters (its monitor is the first's)."""
+
+    def __init__(self, health: Health):
+        self.health = health
+        self.measured: dict = {}
+        self.total_tokens = self.total_samples = 0
+        self.started = 0.0
+
+    def on_step(self, record, worker) -> None:
+        publish_drafter(self.health, worker)
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
 
 class LineMonitor:
@@ -40,8 +77,11 @@ class LineMonitor:
         q_hs_capacity: int,
         interval_s: float,
         window_s: float = 30.0,
+        trace_dir=None,
+        counters: dict | None = None,
     ):
         self.health = health
+        self.trace_dir = trace_dir  # engine.trace: each step's loss in trace/steps.jsonl
         self.logger = logger
         self.dashboard = dashboard
         self.block_size = block_size
@@ -69,8 +109,8 @@ class LineMonitor:
         self.drafter_wait = RateMeter(window_s)
         self._last_target = {"flops": 0.0, "batches": 0.0, "wait": 0.0}
         self._last_drafter_wait = 0.0
-        self.total_tokens = 0
-        self.total_samples = 0
+        self.total_tokens = int((counters or {}).get("tokens", 0))  # a resume goes on counting
+        self.total_samples = int((counters or {}).get("samples", 0))
         self.lr = float("nan")
         self.grad_norm = float("nan")
         self.skipped = 0
@@ -81,23 +121,25 @@ class LineMonitor:
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ inputs
-    def on_step(self, worker, step_vector: torch.Tensor) -> None:
-        """Called by the logging drafter after each optimizer step with the all-reduced vector."""
-        v = step_vector.detach().cpu()  # on the host already (the step's record, copied before AdamW runs)
-        tokens, samples, batches, flops = (float(x) for x in v[self._size : self._size + 4])
+    def on_step(self, record, worker) -> None:
+        """Called by the logging drafter with each optimizer step's record (summed over the drafters, on the host)."""
+        publish_drafter(self.health, worker)
         with self._lock:
-            self._interval_vector += v[: self._size]
-            self.tokens.add(tokens)
-            self.samples.add(samples)
-            self.drafter_batches.add(batches)
-            self.drafter_flops.add(flops)
+            self._interval_vector += record.metrics[: self._size]
+            self.tokens.add(record.tokens)
+            self.samples.add(record.samples)
+            self.drafter_batches.add(record.batches)
+            self.drafter_flops.add(record.flops)
             self.steps.add(1)
-            self.total_tokens += int(tokens)
-            self.total_samples += int(samples)
-            self.step = worker.step
-            self.lr = worker.scheduler.get_last_lr()[0]
-            self.grad_norm = worker.counters.last_grad_norm
+            self.total_tokens += record.tokens
+            self.total_samples += record.samples
+            self.step = record.step
+            self.lr = record.lr
+            self.grad_norm = record.grad_norm
             self.skipped = worker.counters.skipped_steps
+        if self.trace_dir is not None:
+            write_trace(self.trace_dir, "steps.jsonl", {"step": record.step, "loss": record.loss,
+                                                        "weight": float(record.metrics[WEIGHT_SUM]), "lr": record.lr})
 
     # ------------------------------------------------------------------ output
     def _peers(self) -> tuple[list[dict], list[dict]]:

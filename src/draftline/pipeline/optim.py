@@ -7,6 +7,7 @@ import math
 import torch
 
 from draftline.config import OptimConfig
+from draftline.pipeline.shard import local_tensor
 
 
 def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
@@ -29,28 +30,44 @@ def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     return all(group.get("fused") for group in optimizer.param_groups)
 
 
-def grad_factor(params, scale: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The factor that scales the gradients by ``scale`` and clips their global norm to ``max_norm``.
-
-    Returns ``(factor, norm)``: ``norm`` is the global norm of the SCALED gradients, ``factor`` is
-    ``scale * min(1, max_norm / (norm + 1e-6))`` (the same clipping rule as ``clip_grad_norm_``;
-    ``max_norm`` <= 0: no clipping). Both are device tensors: no host synchronisation, and the
-    gradients are read once (for their norms) and not written. Parameters without a gradient are
-    skipped.
-    """
-    grads = [p.grad for p in params if p.grad is not None]
+def grad_norm(params) -> torch.Tensor:
+    """The global L2 norm of the parameters' gradients (a device scalar: no host sync); those without a
+    gradient are skipped. Sharded parameters: the norm of this rank's shards (``grad_sq_norm`` is then what
+    the drafters sum)."""
+    grads = [local_tensor(p.grad) for p in params if p.grad is not None]
     if not grads:
-        return scale.float(), torch.zeros((), device=scale.device)
-    norms = torch._foreach_norm(grads, 2.0)
-    norm = torch.linalg.vector_norm(torch.stack([n.float() for n in norms])) * scale.float()
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(grads, 2.0)]))
+
+
+def grad_sq_norm(params) -> torch.Tensor:
+    """The squared L2 norm of this rank's gradient shards (float64): summed over the drafters, the square of
+    the global norm."""
+    return grad_norm(params).double() ** 2
+
+
+def clip_factor(scale: torch.Tensor, norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """``scale * min(1, max_norm / (norm + 1e-6))``: scales the gradients by ``scale`` and clips the global
+    norm of the scaled gradients (``norm``) to ``max_norm``, the rule of ``clip_grad_norm_``; ``max_norm`` <= 0:
+    no clipping."""
     factor = scale.float()
     if max_norm > 0:
         factor = factor * torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-    return factor, norm
+    return factor
+
+
+def grad_factor(params, scale: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(factor, norm)`` for gradients held whole on this rank: ``norm`` is the global norm of the SCALED
+    gradients, ``factor`` the ``clip_factor``. Both are device tensors; the gradients are read once (for their
+    norms) and not written."""
+    if not any(p.grad is not None for p in params):
+        return scale.float(), torch.zeros((), device=scale.device)
+    norm = grad_norm(params) * scale.float()
+    return clip_factor(scale, norm, max_norm), norm
 
 
 def step_with_factor(optimizer: torch.optim.Optimizer, params, factor: torch.Tensor,
-                     skip: torch.Tensor | None = None, chunks=None, after_chunk=None) -> None:
+                     skip: torch.Tensor | None = None) -> None:
     """``optimizer.step()`` on the gradients multiplied by ``factor`` (a device scalar).
 
     A fused AdamW takes the factor inside its own kernel (as ``grad_scale``, the divisor it applies
@@ -62,11 +79,6 @@ def step_with_factor(optimizer: torch.optim.Optimizer, params, factor: torch.Ten
     kernel leaves the weights, moments and step counts as they were (``found_inf``, the other hook of
     mixed-precision scalers), so the update can be queued before the host knows whether the step
     is good.
-
-    ``chunks`` (fused optimizers only): lists of parameters covering ``params``, updated one list at a
-    time in this order, ``after_chunk(i)`` called after list ``i`` is queued (the drafter records an
-    event there, so that a layer's next forward waits for its own update only). The result is the
-    same, bit for bit, as one step over all: the update is elementwise per parameter.
     """
     if not skips_on_device(optimizer):
         if skip is not None:
@@ -74,39 +86,18 @@ def step_with_factor(optimizer: torch.optim.Optimizer, params, factor: torch.Ten
                              "and do not call step_with_factor for a skipped step")
         grads = [p.grad for p in params if p.grad is not None]
         if grads:
-            torch._foreach_mul_(grads, factor.to(grads[0].dtype))
+            torch._foreach_mul_(grads, factor.to(local_tensor(grads[0]).dtype))
         optimizer.step()
         return
     optimizer.grad_scale = (1.0 / factor.float()).reshape(())
     if skip is not None:
         optimizer.found_inf = skip.float().reshape(())
     try:
-        if chunks is None:
-            optimizer.step()
-        else:
-            _step_in_chunks(optimizer, chunks, after_chunk)
+        optimizer.step()
     finally:
         del optimizer.grad_scale
         if skip is not None:
             del optimizer.found_inf
-
-
-def _step_in_chunks(optimizer: torch.optim.Optimizer, chunks, after_chunk) -> None:
-    """One ``optimizer.step()`` per chunk, each over the chunk's parameters with their own group's
-    settings; the optimizer's groups are restored afterwards (its state is keyed by parameter)."""
-    groups = optimizer.param_groups
-    group_of = {p: i for i, group in enumerate(groups) for p in group["params"]}
-    try:
-        for index, chunk in enumerate(chunks):
-            members = [[] for _ in groups]
-            for p in chunk:
-                members[group_of[p]].append(p)
-            optimizer.param_groups = [dict(group, params=m) for group, m in zip(groups, members) if m]
-            optimizer.step()
-            if after_chunk is not None:
-                after_chunk(index)
-    finally:
-        optimizer.param_groups = groups
 
 
 def lr_factor(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:

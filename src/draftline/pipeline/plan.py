@@ -47,6 +47,16 @@ class Split:
     waiting_share: float  # fraction of time the waiting side's GPUs idle
 
 
+def target_share(model, config, device=None) -> float:
+    """The target's share of the work per sample of the reference workload, to balance ``train``'s default
+    split (the rate model ``plan`` uses)."""
+    from draftline.monitor.reference import reference_drafter_flops, reference_target_flops
+
+    t = reference_target_flops(model.target_shape, model.layers_run)
+    d = reference_drafter_flops(model.drafter_shape, num_anchors=config.data.max_anchors)
+    return t / (t + d)
+
+
 def splits(num_gpus: int, rates: RoleRates) -> list[Split]:
     """Every T + D = num_gpus split (each >= 1), best throughput first."""
     out = []
@@ -146,10 +156,11 @@ def measure_rates(target, worker, lengths: np.ndarray, budget: int, device: torc
 
     def run_drafter(batch):
         worker.train_on(Delivery(batch.index, features[batch.index], batch))
-        worker.finish_step()
+        worker.read_record()  # the step before's, one step late as in training
+        worker.queue_update()
 
     d_wall, d_samples, d_peak = _timed(device, run_drafter, warmup, batches)
-    worker.settle()
+    worker.read_record()
     return RoleRates(t_samples / t_wall, d_samples / d_wall, f"measured on {device}", t_peak, d_peak)
 
 

@@ -48,6 +48,7 @@ import torch
 from draftline.data.batch import PackedBatch
 from draftline.errors import DraftlineError
 from draftline.pipeline.memory import MemoryLimit, find_out_of_memory, gib, memory_limit
+from draftline.pipeline.shard import local_tensor
 
 _GIB = 2**30
 DOC_TOKENS = 2048
@@ -173,16 +174,20 @@ def _describe_fit(fit: LinearPeak) -> str:
     return text + (f" + {fit.per_row * 1024 / 2**20:,.1f} MiB per 1K query rows" if fit.per_row else "")
 
 
-def _note(line, role: str, **figures) -> None:
-    """What preflight measured, on the line (``line.preflight_measured[role]``: for benchmarks and tests)."""
-    measured = getattr(line, "preflight_measured", None)
-    if measured is None:
-        measured = {}
-        line.preflight_measured = measured
-    measured.setdefault(role, {}).update(figures)
+@dataclass
+class PreflightResult:
+    """What a role's preflight measured: its peak at the configured size and every figure on the way
+    (``measured``: the warm-up, the points, the fit, its check, the prediction, the verification)."""
+
+    role: str
+    peak: float
+    measured: dict
+    transient: "LinearPeak | None" = None
+    """The target's: its peak above its resident weights, without its outbox, by tokens (a colocated drafter's
+    preflight adds it)."""
 
 
-def _fit_and_check(line, role: str, run, points_at: list[tuple[int, int]], check_at: tuple[int, int] | None,
+def _fit_and_check(measured: dict, role: str, run, points_at: list[tuple[int, int]], check_at: tuple[int, int] | None,
                    refuse_oom):
     """Warm up at the smallest size, measure ``points_at``, fit, check at ``check_at``.
 
@@ -194,7 +199,7 @@ def _fit_and_check(line, role: str, run, points_at: list[tuple[int, int]], check
     if warm is None:
         refuse_oom()
     kept = (float(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0.0) - before
-    _note(line, role, warmup_peak=warm, warmup_kept=kept, points=[], check=None, fit=None, verified=None)
+    measured.update(warmup_peak=warm, warmup_kept=kept, points=[], check=None, fit=None, verified=None)
     _say(f"{role}: warm-up pass at {points_at[0][0]:,} tokens, not measured for the fit: peak {gib(warm)}, "
          f"{kept / 2**20:,.0f} MiB kept allocated after it (one-time: kernels, workspaces, optimizer state) "
          f"({time.perf_counter() - t0:.1f} s)")
@@ -204,38 +209,38 @@ def _fit_and_check(line, role: str, run, points_at: list[tuple[int, int]], check
         if peak is None:
             refuse_oom()
         points.append((tokens, rows, peak))
-        _note(line, role, points=list(points))
+        measured.update(points=list(points))
     fit = LinearPeak.fit(points)
-    _note(line, role, fit=asdict(fit))
+    measured.update(fit=asdict(fit))
     check = None
     if check_at is not None:
-        measured = run(*check_at)
-        if measured is None:
+        peak = run(*check_at)
+        if peak is None:
             refuse_oom()
-        check = FitCheck(*check_at, measured, fit(*check_at))
-        _note(line, role, check={**asdict(check), "trusted": check.trusted})
-        points.append((*check_at, measured))
+        check = FitCheck(*check_at, peak, fit(*check_at))
+        measured.update(check={**asdict(check), "trusted": check.trusted})
+        points.append((*check_at, peak))
         _say(f"{role}: {_describe_fit(fit)}; {check.describe()}")
         fit = LinearPeak.fit(points)  # least squares over every measured point
     return fit, check, points
 
 
 # ---------------------------------------------------------------------------------------- target
-def preflight_target(line, target) -> float:
-    """Worst-case target batch; returns its transient peak (bytes above the resident model)."""
-    config, device = line.config, line.device
+def preflight_target(spec, target, who: str) -> PreflightResult:
+    """Worst-case target batch of ``spec`` (a ``RunSpec``) on this rank (``who``: how messages name it)."""
+    config, device, dtype = spec.config, spec.device, spec.dtype
     started = time.perf_counter()
     budget = config.data.token_budget
     width = target.feature_width
-    outbox = max(1, -(-config.topology.q_hs // line.role.num_targets)) + 1
+    outbox = max(1, -(-config.topology.q_hs // spec.role.num_targets)) + 1
     vocab = target.embed_weight().shape[0]
     resident = float(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0.0
     limit = memory_limit(device, config.engine.memory_headroom_gib)
-    who = line.health.info.describe()
+    measured: dict = {}
 
     def run(tokens: int, _rows: int = 0, quiet: bool = False) -> float | None:
         def body():
-            queued = torch.empty(outbox * tokens, width, device=device, dtype=line.dtype)
+            queued = torch.empty(outbox * tokens, width, device=device, dtype=dtype)
             target(_synthetic_batch(tokens, vocab))
             del queued
 
@@ -251,30 +256,30 @@ def preflight_target(line, target) -> float:
     _say(f"target ({who}): peak memory at {' and '.join(f'{s:,}' for s in sizes)} tokens"
          + (f" (checked at {check_at[0]:,}), extrapolated to --token-budget {budget:,}" if check_at else "")
          + f"; {limit.describe()}")
-    fit, check, points = _fit_and_check(line, "target", run, [(size, 0) for size in sizes], check_at,
-                                        lambda: _refuse_target(line, budget, None, None, limit, who))
+    fit, check, points = _fit_and_check(measured, "target", run, [(size, 0) for size in sizes], check_at,
+                                        lambda: _refuse_target(spec, budget, None, None, limit, who))
     peak = points[0][2] if len(sizes) == 1 else None
     if peak is None:
         predicted = fit(budget)
-        _note(line, "target", predicted=predicted)
+        measured.update(predicted=predicted)
         if predicted > limit.limit and check.trusted:
-            _refuse_target(line, budget, predicted, fit, limit, who, predicted=True)
+            _refuse_target(spec, budget, predicted, fit, limit, who, predicted=True)
         _say(f"target: {gib(predicted)} predicted at {budget:,} tokens; verifying at that size")
         peak = run(budget)
-        _note(line, "target", verified=peak)
+        measured.update(verified=peak)
         if peak is not None:
             points.append((budget, 0, peak))
             fit = LinearPeak.fit(points)
     if peak is None or peak > limit.limit:
-        _refuse_target(line, budget, peak, fit, limit, who)
+        _refuse_target(spec, budget, peak, fit, limit, who)
     # Colocated, the drafter adds this transient and counts the hidden-state queue itself: without the outbox.
-    outbox_per_token = outbox * width * torch.finfo(line.dtype).bits // 8
-    line.target_preflight_fit = LinearPeak(fit.base - resident, max(fit.per_token - outbox_per_token, 0.0))
+    outbox_per_token = outbox * width * torch.finfo(dtype).bits // 8
+    transient = LinearPeak(fit.base - resident, max(fit.per_token - outbox_per_token, 0.0))
     seconds = time.perf_counter() - started
     _say(f"target: {gib(peak)} peak at --token-budget {budget:,}, within the {gib(limit.limit)} limit ({seconds:.1f} s)")
-    _record(line, "target", {"token_budget": budget, "peak_bytes": peak, "seconds": seconds, "points": points,
+    _record(spec, "target", {"token_budget": budget, "peak_bytes": peak, "seconds": seconds, "points": points,
                              "check": asdict(check) if check else None, **asdict(limit)})
-    return peak - resident
+    return PreflightResult("target", peak, measured, transient)
 
 
 SUGGESTION_MARGIN = 0.01
@@ -288,8 +293,8 @@ def _suggestion_room(limit: MemoryLimit) -> float:
     return limit.limit * (1 - SUGGESTION_MARGIN)
 
 
-def _refuse_target(line, budget, peak, fit, limit: MemoryLimit, who: str, predicted: bool = False):
-    config = line.config
+def _refuse_target(spec, budget, peak, fit, limit: MemoryLimit, who: str, predicted: bool = False):
+    config = spec.config
     best = min(fit.largest_tokens(_suggestion_room(limit), 0, 256), budget - 256) if fit is not None else 0
     needed = "more than it may use (out of memory)" if peak is None else f"{gib(peak)}{' (predicted)' if predicted else ''}"
     raise DraftlineError(
@@ -302,26 +307,30 @@ def _refuse_target(line, budget, peak, fit, limit: MemoryLimit, who: str, predic
 
 
 # ---------------------------------------------------------------------------------------- drafter
-def preflight_drafter(line, objective, optimizer, target=None) -> None:
-    """Worst-case drafter pass + optimizer step (colocated: plus the target's transient peak)."""
-    config, device = line.config, line.device
+def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | None = None) -> PreflightResult:
+    """Worst-case drafter pass + optimizer step of ``spec`` (a ``RunSpec``) with ``worker``'s drafter, objective
+    and optimizer (colocated: plus the target's transient peak, ``target_result``). Weights and optimizer are
+    left as they were; every drafter rank runs it (sharded: its passes gather and reduce like training's)."""
+    config, device, dtype = spec.config, spec.device, spec.dtype
+    objective, optimizer = worker.objective, worker.optimizer
     started = time.perf_counter()
     drafter = objective.drafter
     block = drafter.block_size
     budget = config.data.token_budget
     rows = config.engine.max_query_rows
-    width = line.feature_width
-    colocated = target is not None
-    extra = getattr(line, "target_preflight_fit", None) if colocated else None
-    if colocated and extra is None:
-        extra = LinearPeak(float(getattr(line, "target_preflight", 0.0)))
+    width = spec.model.feature_width
+    colocated = spec.colocated
+    extra = None
+    if colocated:
+        extra = target_result.transient if target_result is not None and target_result.transient else LinearPeak(0.0)
     # Feature batches alive besides the one being trained: colocated, the queue (the one the target is
     # producing is in the target's transient); else the receive prefetch.
-    queued_batches = config.topology.q_hs if colocated else 3
+    queued_batches = spec.queued_feature_batches
     vocab = objective.embed_weight.shape[0]
     limit = memory_limit(device, config.engine.memory_headroom_gib)
-    who = line.health.info.describe()
-    saved = {k: v.detach().cpu().clone() for k, v in drafter.state_dict().items()}
+    measured: dict = {}
+    params = [p for p in drafter.parameters()]
+    saved = [local_tensor(p).detach().cpu().clone() for p in params]
     lrs = [group["lr"] for group in optimizer.param_groups]
 
     def run(tokens: int, query_rows: int, quiet: bool = False) -> float | None:
@@ -337,11 +346,11 @@ def preflight_drafter(line, objective, optimizer, target=None) -> None:
         def body():
             from draftline.objective.blocks import build_blocks
 
-            queued = torch.empty(queued_batches * tokens, width, device=device, dtype=line.dtype)
-            features = torch.randn(tokens, width, device=device, dtype=line.dtype)
+            queued = torch.empty(queued_batches * tokens, width, device=device, dtype=dtype)
+            features = torch.randn(tokens, width, device=device, dtype=dtype)
             blocks = build_blocks(batch, anchors, block_size=block, mask_token_id=objective.mask_token_id,
                                   gamma=objective.gamma).to(device)
-            with torch.autocast(device.type, dtype=line.dtype, enabled=line.dtype != torch.float32):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                 loss, _ = objective(features, blocks)
             loss.backward()
             for group in optimizer.param_groups:
@@ -373,43 +382,46 @@ def preflight_drafter(line, objective, optimizer, target=None) -> None:
          + f"; {limit.describe()}")
     try:
         fit, check, points = _fit_and_check(
-            line, "drafter", run, points_at, check_at,
-            lambda: _refuse_drafter(line, budget, rows, None, None, limit, who, colocated))
+            measured, "drafter", run, points_at, check_at,
+            lambda: _refuse_drafter(spec, budget, rows, None, None, limit, who, colocated))
         peak = points[0][2] if points_at == [(budget, rows)] else None
         if peak is None:
             predicted = fit(budget, rows)
-            _note(line, "drafter", predicted=predicted)
+            measured.update(predicted=predicted)
             if predicted > limit.limit and check.trusted:
-                _refuse_drafter(line, budget, rows, predicted, fit, limit, who, colocated, predicted=True)
+                _refuse_drafter(spec, budget, rows, predicted, fit, limit, who, colocated, predicted=True)
             _say(f"drafter: {gib(predicted)} predicted at {budget:,} tokens x {rows:,} rows; verifying at that size")
             peak = run(budget, rows)
-            _note(line, "drafter", verified=peak)
+            measured.update(verified=peak)
             if peak is not None:
                 points.append((budget, rows, peak))
                 fit = LinearPeak.fit(points)
         if peak is None or peak > limit.limit:
-            _refuse_drafter(line, budget, rows, peak, fit, limit, who, colocated)
+            _refuse_drafter(spec, budget, rows, peak, fit, limit, who, colocated)
         seconds = time.perf_counter() - started
         _say(f"drafter: {gib(peak)} peak at --token-budget {budget:,}, --max-query-rows {rows:,}"
              f"{' with the colocated target' if colocated else ''}, within the {gib(limit.limit)} limit ({seconds:.1f} s)")
-        _record(line, "drafter", {"token_budget": budget, "max_query_rows": rows, "peak_bytes": peak, "seconds": seconds,
+        _record(spec, "drafter", {"token_budget": budget, "max_query_rows": rows, "peak_bytes": peak, "seconds": seconds,
                                   "points": points, "check": asdict(check) if check else None, **asdict(limit)})
     finally:
         with torch.no_grad():
-            drafter.load_state_dict({k: v.to(device) for k, v in saved.items()})
+            for param, value in zip(params, saved):
+                local_tensor(param).copy_(value)
         for group, lr in zip(optimizer.param_groups, lrs):
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
+        optimizer.state.clear()  # the moments and step counts preflight's step allocated: as new
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    return PreflightResult("drafter", peak, measured)
 
 
-def _refuse_drafter(line, budget, rows, peak, fit, limit: MemoryLimit, who, colocated, predicted=False):
-    block = line.config.model.block_size
+def _refuse_drafter(spec, budget, rows, peak, fit, limit: MemoryLimit, who, colocated, predicted=False):
+    block = spec.model.block_size
     options = []
-    q_hs = line.config.topology.q_hs
+    q_hs = spec.config.topology.q_hs
     if colocated and peak is not None:  # each queued batch of features: budget x width in the compute dtype
-        per_batch = budget * line.feature_width * torch.finfo(line.dtype).bits // 8
+        per_batch = budget * spec.model.feature_width * torch.finfo(spec.dtype).bits // 8
         fewer = q_hs - int(-(-(peak - limit.limit) // per_batch))
         if 1 <= fewer < q_hs:
             options.append(f"--q-hs {fewer} (each queued batch of features is {gib(per_batch)})")
@@ -470,12 +482,11 @@ def changes(before: dict, now: dict) -> list[str]:
     return out
 
 
-def _record(line, role: str, result: dict) -> None:
+def _record(spec, role: str, result: dict) -> None:
     """Write this start's figures to RUN_DIR/preflight/rank-N.json; on a resume, say what changed."""
-    run_dir = getattr(line, "run_dir", None)
-    if run_dir is None:
+    if not spec.config.out:
         return
-    rank = getattr(getattr(line, "env", None), "rank", 0)
+    run_dir, rank = spec.run_dir, spec.env.rank
     path = Path(run_dir) / "preflight" / f"rank-{rank}.json"
     result = {**result, "time": time.time(), "environment": environment()}
     try:

@@ -7,9 +7,11 @@ Ranks ``0 .. D-1`` train the drafter, ``D .. D+T-1`` run the target. Colocated, 
 rank: it owns the run directory, prints the monitor, writes metrics and checkpoints.
 
 Which rank handles which batch is fixed too: batch numbers go round robin (``producer_of``) to the
-targets, and the same way to the drafters. An optimizer step covers a multiple of the drafters'
-count of consecutive numbers (``config.grad_accum_batches``), so every drafter has the same share
-of every step and the drafters compute in parallel.
+targets; an optimizer step's consecutive numbers are dealt round robin to the drafters
+(``drafter_share``), so every drafter has a share of every step and the drafters compute in
+parallel. A fresh start makes the step a multiple of the drafters (``config.grad_accum_batches``);
+a resume on another number of drafters keeps the checkpoint's step, and the shares may then differ
+by one batch.
 """
 
 from __future__ import annotations
@@ -105,4 +107,19 @@ def assign_roles(world_size: int, num_targets: int, num_drafters: int, colocated
 def producer_of(seq: int, count: int) -> int:
     """Index of the target (or drafter) among ``count`` that handles batch ``seq``: round robin."""
     return seq % count
+
+
+def drafter_share(step: int, batches_per_step: int, end_seq: int, index: int, num_drafters: int) -> list[int]:
+    """The batch numbers of optimizer step ``step`` that drafter ``index`` of ``num_drafters`` trains:
+    the step's ``k``-th batch goes to drafter ``k % num_drafters``; batches from ``end_seq`` on are not
+    trained."""
+    first = step * batches_per_step
+    return list(range(first + index, min(first + batches_per_step, end_seq), num_drafters))
+
+
+def drafter_seqs(start_step: int, total_steps: int, batches_per_step: int, end_seq: int, index: int,
+                 num_drafters: int):
+    """Every batch number drafter ``index`` trains from ``start_step`` on, in order."""
+    for step in range(start_step, total_steps):
+        yield from drafter_share(step, batches_per_step, end_seq, index, num_drafters)
 

@@ -1,36 +1,44 @@
 """What every rank executes: ``run_training(config)`` (alone for one process, under torchrun otherwise).
 
-It reads top to bottom: config, roles, build, run.
+It reads top to bottom: config, roles, setup, build and run, finish.
 
-1. config: validated; the device of this rank;
+1. config: validated; this rank's device; the two models resolved once (``spec.ModelSpec``);
 2. roles: the process group and the job's store, which rank is target, drafter or both (a pure
-   function of the world size, ``roles``), health (heartbeats and the watchdog, ``health``);
-3. build and run: ``line.Line`` agrees on the setup with rank 0, builds the role's pieces and runs
-   its loop;
-4. finish: the exit code; on failure a message that names the rank and cause (``failure``).
+   function of the world size, ``roles``), health (heartbeats and the watchdog, ``health``), the
+   drafters' groups (``shard``);
+3. setup: rank 0 decides fresh or resume (``setup``); every rank resolves its ``RunSpec``;
+4. build and run: ``line.Line`` builds the role's pieces and runs its loop;
+5. finish: the exit code; on failure a message that names the rank and cause (``failure``).
 
 The flow of the line and who waits on whom: docs/ARCHITECTURE.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 
 from draftline.checkpoint.state import wait_for_checkpoint
 from draftline.config import TrainConfig, validate
 from draftline.errors import DraftlineError
-from draftline.monitor.flops import DrafterShape, TargetShape, reference_drafter_flops, reference_target_flops
+from draftline.monitor.loggers import NullLogger
 from draftline.pipeline import rundir
-from draftline.pipeline.build import DistEnv, drafter_config, pick_device
+from draftline.pipeline.checkpoints import resumed_batches_per_step
+from draftline.pipeline.failure import FailureContext, fail
 from draftline.pipeline.health import Health, local_rank_info
 from draftline.pipeline.line import Line
-from draftline.pipeline.roles import COLOCATED, assign_roles, split
-from draftline.pipeline.setup import job_store
+from draftline.pipeline.plan import target_share
+from draftline.pipeline.roles import COLOCATED, Role, assign_roles, split
+from draftline.pipeline.setup import RunSetup, agree_on_setup, job_store
+from draftline.pipeline.shard import make_drafter_group
+from draftline.pipeline.signals import StopSignals
+from draftline.pipeline.spec import (
+    DistEnv, ModelSpec, RunSpec, compute_dtype, default_batches_per_step, pick_device, plan_data,
+)
 
 
 def run_training(config: TrainConfig) -> int:
@@ -39,6 +47,7 @@ def run_training(config: TrainConfig) -> int:
     validate(config)
     env = DistEnv.from_environ()
     device = pick_device(config, env.local_rank)
+    model = ModelSpec.resolve(config)
 
     # ---- roles
     store = None
@@ -47,27 +56,33 @@ def run_training(config: TrainConfig) -> int:
         dist.init_process_group(backend=backend, timeout=timedelta(minutes=30),
                                 device_id=device if device.type == "cuda" else None)
         store = job_store(rundir.restart_count())
-    colocated = config.topology.colocated
-    num_targets, num_drafters = split(env.world_size, config.topology.targets, config.topology.drafters,
-                                      None if colocated else _target_share(config), colocated=colocated)
-    role = assign_roles(env.world_size, num_targets, num_drafters, colocated=colocated)[env.rank]
-    health = Health(local_rank_info(env.rank, role.kind, device), store, env.world_size,
-                    timeout_s=config.topology.failure_timeout_s)
+    t = config.topology
+    share = None if t.colocated or t.targets is not None or t.drafters is not None else target_share(model, config, device)
+    num_targets, num_drafters = split(env.world_size, t.targets, t.drafters, share, colocated=t.colocated)
+    role = assign_roles(env.world_size, num_targets, num_drafters, colocated=t.colocated)[env.rank]
+    health = Health(local_rank_info(env.rank, role.kind, device), store, env.world_size, timeout_s=t.failure_timeout_s)
     health.shared_process = role.kind == COLOCATED
-    # All ranks create the drafters' group (a collective call), before anything can fail.
-    drafter_group = dist.new_group(role.drafter_ranks) if env.world_size > 1 and num_drafters > 1 else None
+    # Every rank creates the drafters' groups (a collective call), before anything can fail.
+    group = make_drafter_group(role.drafter_ranks, role.index, device, health, env.world_size)
+    signals = StopSignals()
 
-    # ---- build and run
-    line = Line(config, env, device, role, health, store, drafter_group=drafter_group)
+    # ---- setup, build and run
     health.start()
+    line: Line | None = None
     code = 0
     try:
+        setup = agree_on_setup(config, env.rank, store, health)
+        spec, note = resolve_run(config, model, role, env, device, setup)
+        line = Line(spec, health, store, group, signals, resume_note=note)
         line.run()
     except BaseException as exc:  # noqa: BLE001 - every failure ends here, named
-        code = line.fail(exc)
+        context = line.failure_context() if line is not None else FailureContext(
+            health, role, env.world_size, store, Path(config.out), NullLogger(), writes_report=role.is_logging)
+        code = fail(exc, context)
     finally:
         health.stop()
-        line.logger.close()
+        if line is not None:
+            line.logger.close()
 
     # ---- finish
     try:  # a periodic checkpoint still being written in the background must not be cut off
@@ -84,20 +99,19 @@ def run_training(config: TrainConfig) -> int:
     return code
 
 
-def _target_share(config: TrainConfig) -> float | None:
-    """The target's share of the work per sample (FLOP model), to balance a default split."""
-    if config.topology.targets is not None or config.topology.drafters is not None:
-        return None
-    try:
-        from draftline.model.target import load_target_config
-
-        drafter_cfg = drafter_config(config)
-        target_shape = TargetShape.from_config(load_target_config(config.model.target))
-        drafter_shape = DrafterShape.from_config(drafter_cfg)
-        if config.optim.distill > 0:
-            drafter_shape = dataclasses.replace(drafter_shape, teacher_layers=target_shape.num_layers)
-        t = reference_target_flops(target_shape, drafter_shape.target_layers_run)
-        d = reference_drafter_flops(drafter_shape, num_anchors=config.data.max_anchors)
-        return t / (t + d)
-    except Exception:  # noqa: BLE001 - fall back to an even split
-        return None
+def resolve_run(config: TrainConfig, model: ModelSpec, role: Role, env: DistEnv, device, setup: RunSetup
+                ) -> tuple[RunSpec, str | None]:
+    """This rank's ``RunSpec`` once rank 0 decided the start; and, on a resume, a line about what it keeps."""
+    if config.engine.max_query_rows < model.block_size:
+        raise DraftlineError(f"engine.max_query_rows={config.engine.max_query_rows} must hold at least one block "
+                             f"({model.block_size} rows)")
+    fresh = default_batches_per_step(config, role.num_drafters)
+    per_step, note = fresh, None
+    if setup.checkpoint:
+        per_step, note = resumed_batches_per_step(setup.checkpoint, setup.batches_per_step, setup.balance_steps, fresh,
+                                                  config.data.balance_steps, role.num_drafters,
+                                                  setup.checkpoint_drafters)
+    data = plan_data(config, Path(setup.data_dir), per_step)
+    spec = RunSpec(config, model, role, device, compute_dtype(config, device), env, setup.mode, setup.checkpoint,
+                   setup.start_step, per_step, data.total_steps, data)
+    return spec, note

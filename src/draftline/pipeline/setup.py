@@ -1,20 +1,25 @@
 """The start of a run that every rank must agree on, decided once by rank 0.
 
-Rank 0 decides fresh or resume (``rundir``), prepares the run directory and checks the dataset;
-it publishes the answer (or its error) in the job's store, where the other ranks wait for it while
-their watchdog runs. Nothing else crosses between ranks before training.
+Rank 0 decides fresh or resume (``rundir``), prepares the run directory, checks the dataset and, on
+a resume, reads the checkpoint's step and batches per optimizer step (a resume keeps them whatever
+its number of drafters); it publishes the answer (or its error) in the job's store, where the other
+ranks wait for it while their watchdog runs. Nothing else crosses between ranks before training.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch.distributed as dist
 
+from draftline.checkpoint.state import read_trainer_state
 from draftline.config import TrainConfig
+from draftline.data.dataset import META_FILE
+from draftline.errors import DraftlineError
 from draftline.pipeline import rundir
-from draftline.pipeline.build import resolve_data_dir
 from draftline.pipeline.health import Health, RunAborted, describe_exception
 from draftline.pipeline.waits import wait_for
 
@@ -31,16 +36,42 @@ class RunSetup:
     checkpoint: str | None  # the checkpoint to resume from
     start_step: int
     data_dir: str  # the prepared dataset
+    batches_per_step: int | None = None  # the checkpoint's (None: a fresh start's, from the config)
+    checkpoint_drafters: int | None = None  # how many drafters wrote the checkpoint
+    balance_steps: bool | None = None  # the checkpoint's data.balance_steps (None: fresh, or written before the option)
+
+
+def resolve_data_dir(config: TrainConfig) -> Path:
+    """The prepared dataset to train on: ``--data`` itself.
+
+    Preparing is its own step (``draftline prepare``), before the line starts: no rank of a
+    training run tokenizes. Anything else is refused with the exact command that prepares it.
+    """
+    sources = [Path(p) for p in config.data.data]
+    if len(sources) == 1 and (sources[0] / META_FILE).is_file():
+        return sources[0]
+    out = Path(config.out) / "data"
+    command = shlex.join([
+        "draftline", "prepare", "--target", str(config.model.target), "--input", *map(str, sources), "--out", str(out),
+        "--max-length", str(config.data.max_length or config.data.token_budget),
+        "--heldout", str(config.monitor.eval_num_prompts), "--seed", str(config.data.seed),
+    ])
+    what = "is not a prepared dataset (no meta.json)" if len(sources) == 1 else "are not one prepared dataset"
+    raise DraftlineError(f"--data {' '.join(map(str, sources))} {what}; prepare it first, then train with "
+                         f"--data {out}:\n  {command}")
 
 
 def decide_setup(config: TrainConfig) -> RunSetup:
-    """Rank 0's part: fresh or resume, the run directory, the dataset."""
+    """Rank 0's part: fresh or resume, the run directory, the dataset, the checkpoint's step and batches per step."""
     decision = rundir.decide_start(config)
     rundir.prepare_run_dir(config, decision)
     data_dir = resolve_data_dir(config)
     checkpoint = decision.checkpoint
-    start_step = int(checkpoint.name.split("-")[-1]) if checkpoint else 0
-    return RunSetup(decision.mode, str(checkpoint) if checkpoint else None, start_step, str(data_dir))
+    if checkpoint is None:
+        return RunSetup(decision.mode, None, 0, str(data_dir))
+    state = read_trainer_state(checkpoint)
+    return RunSetup(decision.mode, str(checkpoint), state.step, str(data_dir), state.batches_per_step,
+                    state.num_drafters, state.config.get("data", {}).get("balance_steps"))
 
 
 def agree_on_setup(config: TrainConfig, rank: int, store, health: Health) -> RunSetup:

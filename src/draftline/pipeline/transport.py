@@ -31,6 +31,9 @@ from draftline.pipeline.memory import OutOfMemoryContext, out_of_memory_context
 from draftline.pipeline.roles import COLOCATED, Role, producer_of
 from draftline.pipeline.waits import queue_get, queue_put, wait_for, wait_work
 
+RECEIVE_PREFETCH = 2
+"""Batches a drafter claims ahead of the one it trains (their features are received meanwhile)."""
+
 
 @dataclass
 class Delivery:
@@ -265,6 +268,6 @@ def open_transport(
     receiver = DistributedReceiver(
         StoreClaims(store, drafter_seqs), rank=role.rank,
         target_rank=lambda seq: role.target_rank(producer_of(seq, role.num_targets)),
-        prefetch=2, batch_for=batch_for, feature_width=feature_width, device=device, dtype=dtype, health=health,
+        prefetch=RECEIVE_PREFETCH, batch_for=batch_for, feature_width=feature_width, device=device, dtype=dtype, health=health,
     )
     return None, receiver

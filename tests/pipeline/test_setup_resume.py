@@ -1,4 +1,5 @@
-"""What a rank builds before training: only a prepared dataset is accepted; a resume keeps the checkpoint's batch order."""
+"""What a rank sets up before training: only a prepared dataset is accepted; a resume keeps the checkpoint's batches per
+step and its batch order."""
 
 from __future__ import annotations
 
@@ -7,15 +8,11 @@ import shlex
 
 import pytest
 
-from draftline.checkpoint.state import TrainerState, save_checkpoint
 from draftline.commands.prepare import add_arguments
-from draftline.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
+from draftline.config import DataConfig, ModelConfig, TrainConfig
 from draftline.errors import DraftlineError
-from draftline.model.config import build_drafter_config
-from draftline.model.drafter import DFlashDrafter
-from draftline.model.target import load_target_config
-from draftline.pipeline.build import resolve_data_dir, resume_training
-from draftline.pipeline.optim import build_optimizer, build_scheduler
+from draftline.pipeline.checkpoints import resumed_batches_per_step
+from draftline.pipeline.setup import resolve_data_dir
 
 
 def _config(tmp_path, data) -> TrainConfig:
@@ -53,26 +50,24 @@ def test_unprepared_input_is_refused_with_the_prepare_command(tmp_path):
     (True, False, True),
     (False, False, False),
 ])
-def test_resume_keeps_the_batch_order_of_the_checkpoint(qwen3_target, tmp_path, saved, now, refused):
-    config = build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=1, block_size=4)
-    drafter = DFlashDrafter(config).float()
-    optimizer = build_optimizer(drafter, OptimConfig())
-    scheduler = build_scheduler(optimizer, OptimConfig(), total_steps=10)
-    data = {"token_budget": 2048} if saved is None else {"token_budget": 2048, "balance_steps": saved}
-    state = TrainerState(step=3, next_seq=6, in_flight=[], counters={}, config={"data": data})
-    path = save_checkpoint(tmp_path, drafter=drafter, optimizer=optimizer, scheduler=scheduler, state=state, keep=1,
-                           wait=True)
-
-    def resume(batches_per_step=2):
-        return resume_training(str(path), drafter=drafter, optimizer=optimizer, scheduler=scheduler,
-                               batches_per_step=batches_per_step, num_drafters=2, balance_steps=now)
+def test_resume_keeps_the_batch_order_of_the_checkpoint(saved, now, refused):
+    def resume():
+        return resumed_batches_per_step("ckpt", 2, saved, 2, now, 2, 2)
 
     if not refused:
-        assert resume() == 3
+        assert resume() == (2, None)
         return
     with pytest.raises(DraftlineError) as raised:
         resume()
     fix = "without --no-balance-steps" if saved else "with --no-balance-steps"
-    assert str(path) in str(raised.value) and f"resume {fix} so the data continues" in str(raised.value)
+    assert "ckpt" in str(raised.value) and f"resume {fix} so the data continues" in str(raised.value)
     if saved is None:
         assert "written before data.balance_steps" in str(raised.value)
+
+
+def test_a_resume_keeps_the_checkpoints_batches_per_step_on_another_number_of_drafters():
+    per_step, note = resumed_batches_per_step("ckpt", 2, True, 1, True, 1, 2)
+    assert per_step == 2 and "written by 2 drafter(s), resumed on 1" in note and "2 per drafter" in note
+    assert resumed_batches_per_step("ckpt", 2, True, 3, True, 3, 2)[0] == 2  # two batches over three drafters
+    per_step, note = resumed_batches_per_step("ckpt", 4, True, 2, True, 2, 2)
+    assert per_step == 4 and "this config alone would give 2" in note

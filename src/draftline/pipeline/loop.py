@@ -1,0 +1,74 @@
+"""The drafter's training loop, top to bottom.
+
+    for each optimizer step from the start step:
+        batches -> features  this drafter's share of the step, handed over by the targets (``receiver``)
+        objective            forward and backward of every pass (``DrafterWorker.accumulate``)
+        record               the step before's, read now (one step late: the GPU still works on this one);
+                             its monitor line, checkpoint and evaluation; a stop agreed there ends the loop
+                             before this step is taken (a resume trains its batches again)
+        step                 the metrics all-reduced, the gradients clipped, AdamW: queued, not waited for
+    the last step's record, the same way
+
+Every drafter runs this loop in step: the record's stop and save flags are summed over the drafters,
+the evaluation cadence is a function of the step, so they all save, evaluate and stop at the same
+step. The end of the run (final checkpoint, export, final measurement) is the caller's
+(``line.Line.finish_drafter``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from draftline.pipeline.checkpoints import Checkpointer
+from draftline.pipeline.drafter_worker import DrafterWorker, StepRecord
+from draftline.pipeline.evaluation import InTrainingEvaluation
+from draftline.pipeline.spec import RunSpec
+from draftline.pipeline.transport import Delivery, FeatureReceiver
+
+FINISHED, STOPPED = "finished", "stopped"
+
+
+def train(spec: RunSpec, worker: DrafterWorker, receiver: FeatureReceiver, *, monitor, checkpointer: Checkpointer,
+          evaluation: InTrainingEvaluation, stop_requested: Callable[[], bool]) -> str:
+    """Train from ``spec.start_step`` to ``spec.total_steps``; returns "finished" or "stopped"."""
+    for step in range(spec.start_step, spec.total_steps):
+        # ---- batches -> features
+        deliveries = receive(receiver, spec.drafter_seqs(step), worker)
+        # ---- objective: forward and backward of every pass; the gradients accumulate
+        worker.accumulate(deliveries)
+        # ---- the record of the step before (read one step late)
+        record = worker.read_record()
+        if record is not None:
+            after_step(record, worker, monitor, checkpointer, evaluation)
+            if record.stop:
+                worker.drop_gradients()  # this step is not taken
+                return STOPPED
+        # ---- step: queued, the host goes on to the next step's batches
+        worker.queue_update(stop=stop_requested(), save=checkpointer.clock_due())
+    record = worker.read_record()
+    if record is not None:
+        after_step(record, worker, monitor, checkpointer, evaluation)
+    return FINISHED
+
+
+def receive(receiver: FeatureReceiver, seqs: list[int], worker: DrafterWorker) -> list[Delivery]:
+    """The features of batches ``seqs``, in order (waits for the targets that compute them)."""
+    deliveries = []
+    for seq in seqs:
+        delivery, waited = receiver.get()
+        worker.counters.wait_s += waited
+        assert delivery is not None and delivery.seq == seq, f"expected batch {seq}, got {delivery and delivery.seq}"
+        deliveries.append(delivery)
+    return deliveries
+
+
+def after_step(record: StepRecord, worker: DrafterWorker, monitor, checkpointer: Checkpointer,
+               evaluation: InTrainingEvaluation) -> None:
+    """What follows a step's record: the monitor, and on their cadence a checkpoint and a measurement."""
+    monitor.on_step(record, worker)
+    if checkpointer.due(record):
+        checkpointer.save()
+    if evaluation.due(record.step):
+        summary = evaluation.during(worker.drafter, record.step)
+        if summary is not None:
+            monitor.measured = summary  # the monitor's tau is the latest measured acceptance

@@ -1,0 +1,292 @@
+"""The run, resolved once per rank: what the builders, the loop and the monitor are handed.
+
+``TrainConfig`` is what the user asked for; ``RunSpec`` is what it means on this rank, worked out once
+and frozen: the target's and the drafter's configs, the feature layers and width, the shapes the FLOP
+counter and the memory model read, how the drafter starts, this rank's role, device and dtype, and
+(after rank 0's decision, ``setup``) where the run starts and the plan of its batches. Nothing
+downstream reads the target's config file again or derives the drafter's config a second time.
+
+    config ──► ModelSpec.resolve ──► roles ──► setup (rank 0: fresh or resume) ──► RunSpec
+              (target + drafter                 (checkpoint's batches per step)    (+ DataPlan)
+               configs, shapes)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PretrainedConfig, Qwen3Config
+
+from draftline.config import TrainConfig, grad_accum_batches
+from draftline.data.batcher import BatchSchedule, TokenBudgetBatcher
+from draftline.data.dataset import TokenDataset
+from draftline.errors import DraftlineError
+from draftline.model.config import DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, build_drafter_config, check_matches_target, text_config
+from draftline.monitor.shapes import DrafterShape, TargetShape
+from draftline.pipeline.roles import COLOCATED, Role
+
+INIT_TARGET, INIT_RANDOM, INIT_DRAFTER = "target", "random", "drafter"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The two models of a run: the frozen target and the drafter trained on its features."""
+
+    target: str
+    """The target's directory ("" when built from a config alone: benchmarks, tests)."""
+    target_config: PretrainedConfig | None
+    """The target's text config (the language model of a vision-language checkpoint); None for a drafter
+    benchmarked alone."""
+    drafter_config: Qwen3Config
+    target_shape: TargetShape | None
+    drafter_shape: DrafterShape
+    """With soft labels its ``teacher_layers`` are all of the target's layers."""
+    distill: bool = False
+    """Soft labels: the target also sends its final hidden state (``optim.distill`` > 0)."""
+    init: str = INIT_RANDOM
+    """How the drafter starts: from the target's layers, random, or from a released drafter."""
+    init_source: str | None = None
+    """The released drafter's directory (``init == "drafter"``)."""
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        return self.drafter_shape.target_layer_ids
+
+    @property
+    def block_size(self) -> int:
+        return self.drafter_shape.block_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.drafter_shape.hidden_size
+
+    @property
+    def feature_width(self) -> int:
+        """Columns of the features a target sends: K fused layers, plus (soft labels) the target's final
+        hidden state as the last ``hidden_size`` columns."""
+        return (len(self.layer_ids) + int(self.distill)) * self.hidden_size
+
+    @property
+    def layers_run(self) -> int:
+        """Target layers a feature pass runs (up to the deepest feature layer; all with soft labels)."""
+        return self.drafter_shape.target_layers_run
+
+    @property
+    def num_trained_params(self) -> int:
+        shape = self.drafter_shape
+        return sum(layer.token_params for layer in shape.layers) + len(self.layer_ids) * shape.hidden_size ** 2
+
+    def describe_init(self) -> str:
+        """How the drafter starts, in words (printed at the start of a run)."""
+        if self.init == INIT_DRAFTER:
+            return f"from the drafter in {self.init_source}"
+        if self.init == INIT_TARGET:
+            return "from the target's top layers (what matches the drafter's shapes; --random-init: random)"
+        return "random (normal, std 0.02)"
+
+    @classmethod
+    def from_configs(cls, target_config: PretrainedConfig | None, drafter_config: Qwen3Config, *, target: str = "",
+                     distill: bool = False, init: str = INIT_RANDOM, init_source: str | None = None) -> "ModelSpec":
+        """From the configs themselves (no files read); ``target_config`` None: a drafter benchmarked alone."""
+        target_shape = TargetShape.from_config(target_config) if target_config is not None else None
+        drafter_shape = DrafterShape.from_config(drafter_config)
+        if distill:
+            drafter_shape = dataclasses.replace(drafter_shape, teacher_layers=target_shape.num_layers)
+        text = text_config(target_config) if target_config is not None else None
+        return cls(target, text, drafter_config, target_shape, drafter_shape, distill, init, init_source)
+
+    @classmethod
+    def resolve(cls, config: TrainConfig) -> "ModelSpec":
+        """Read the target's config (and a warm-start drafter's) once; build the drafter's config."""
+        from draftline.checkpoint.export import load_drafter_config
+        from draftline.model.target import load_target_config
+
+        m = config.model
+        target_config = load_target_config(m.target)
+        distill = config.optim.distill > 0
+        if m.init_drafter:
+            drafter_config = load_drafter_config(m.init_drafter)
+            check_matches_target(drafter_config, target_config)
+            _refuse_shape_flags(config, drafter_config)
+            return cls.from_configs(target_config, drafter_config, target=m.target, distill=distill,
+                                    init=INIT_DRAFTER, init_source=m.init_drafter)
+        drafter_config = build_drafter_config(
+            target_config,
+            num_hidden_layers=m.draft_layers or DEFAULT_DRAFT_LAYERS,
+            block_size=m.block_size or DEFAULT_BLOCK_SIZE,
+            mask_token_id=m.mask_token_id,
+            target_layer_ids=m.target_layer_ids,
+            layer_types=m.layer_types,
+            sliding_window=m.sliding_window,
+        )
+        init = INIT_RANDOM if m.init_from_target is False else INIT_TARGET
+        return cls.from_configs(target_config, drafter_config, target=m.target, distill=distill, init=init)
+
+
+def _refuse_shape_flags(config: TrainConfig, drafter: Qwen3Config) -> None:
+    """A warm start takes the drafter's own shape: a flag that asks for another one is refused, not ignored."""
+    m = config.model
+    asked = {
+        "--draft-layers": (m.draft_layers, drafter.num_hidden_layers),
+        "--block-size": (m.block_size, drafter.block_size),
+        "--target-layer-ids": (m.target_layer_ids, list(drafter.dflash_config["target_layer_ids"])),
+        "--mask-token-id": (m.mask_token_id, drafter.dflash_config["mask_token_id"]),
+        "--layer-types": (m.layer_types, list(drafter.layer_types or [])),
+        "--sliding-window": (m.sliding_window, drafter.sliding_window),
+    }
+    clash = [f"{flag} {given} (the drafter has {has})" for flag, (given, has) in asked.items()
+             if given is not None and given != has]
+    if clash:
+        raise DraftlineError(
+            f"--init-drafter {m.init_drafter} fixes the drafter's shape, but " + "; ".join(clash)
+            + ": drop these flags (the drafter's own values are used), or start without --init-drafter")
+    if m.init_from_target:
+        raise DraftlineError("--init-drafter and --init-from-target both set the starting weights; pick one")
+
+
+# ------------------------------------------------------------------------------------------ the data
+@dataclass
+class DataPlan:
+    """The run's batches: the dataset, their order over all epochs, and how many make a step."""
+
+    dataset: TokenDataset
+    schedule: BatchSchedule
+    batches_per_step: int
+    total_steps: int
+    end_seq: int
+    """Batches numbered [0, end_seq) are trained in this run."""
+
+    def batch(self, seq: int):
+        epoch, _ = self.schedule.locate(seq)
+        return self.dataset.packed_batch(self.schedule.sample_indices(seq), epoch, seq)
+
+
+def steps_for(total_batches: int, batches_per_step: int, max_steps: int | None) -> int:
+    """Optimizer steps of a run: every batch once (the last step may be short), or ``max_steps``."""
+    steps = math.ceil(total_batches / batches_per_step)
+    return min(steps, max_steps) if max_steps else steps
+
+
+def plan_data(config: TrainConfig, data_dir: Path, batches_per_step: int) -> DataPlan:
+    """The batch plan of ``data_dir`` with ``batches_per_step`` batches per optimizer step."""
+    dataset = TokenDataset(data_dir)
+    if len(dataset) == 0:
+        raise DraftlineError(f"{data_dir}: the dataset has no samples")
+    longest = int(dataset.lengths.max())
+    if longest > config.data.token_budget:
+        raise DraftlineError(
+            f"{data_dir}: the longest sample has {longest} tokens, more than --token-budget {config.data.token_budget}; "
+            f"raise --token-budget to at least {longest} or prepare the data with --max-length {config.data.token_budget}"
+        )
+    balanced = config.data.balance_steps and batches_per_step > 1
+    batcher = TokenBudgetBatcher(
+        dataset.lengths, config.data.token_budget, config.data.max_batch_size,
+        seed=config.data.seed, sort_window=config.data.sort_window,
+        step_batches=batches_per_step if config.data.balance_steps else 1, max_anchors=config.data.max_anchors,
+        anchor_positions=dataset.anchor_positions() if balanced else None,
+    )
+    schedule = BatchSchedule(batcher, config.data.epochs)
+    total = steps_for(schedule.total_batches, batches_per_step, config.optim.max_steps)
+    return DataPlan(dataset, schedule, batches_per_step, total, min(schedule.total_batches, total * batches_per_step))
+
+
+# ------------------------------------------------------------------------------------------ this rank
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_environ(cls) -> "DistEnv":
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def pick_device(config: TrainConfig, local_rank: int) -> torch.device:
+    wanted = config.topology.device
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise DraftlineError("--device cuda, but this machine has no CUDA device; use --device cpu")
+    if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        raise DraftlineError(
+            f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); launch at most one process per GPU"
+        )
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def compute_dtype(config: TrainConfig, device: torch.device) -> torch.dtype:
+    if config.model.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, config.model.dtype)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One rank's run, resolved: see the module docstring."""
+
+    config: TrainConfig
+    """The resolved config as the user gave it (saved with every checkpoint); read its knobs, not its
+    model fields: ``model`` holds what they resolve to."""
+    model: ModelSpec
+    role: Role
+    device: torch.device
+    dtype: torch.dtype
+    env: DistEnv = DistEnv()
+    mode: str = "fresh"
+    """"fresh", "resume" or "restart" (torchrun restarted the job)."""
+    checkpoint: str | None = None
+    """The checkpoint a resume continues from."""
+    start_step: int = 0
+    batches_per_step: int = 1
+    """Batches per optimizer step over all drafters (a resume keeps its checkpoint's)."""
+    total_steps: int = 1
+    data: DataPlan | None = None
+    """None for a drafter that is handed its batches (benchmarks, tests)."""
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.out)
+
+    @property
+    def colocated(self) -> bool:
+        return self.role.kind == COLOCATED
+
+    @property
+    def start_seq(self) -> int:
+        return self.start_step * self.batches_per_step
+
+    @property
+    def queued_feature_batches(self) -> int:
+        """Feature batches a drafter holds besides the one it trains: colocated, the hidden-state queue;
+        else its receive prefetch (``transport.RECEIVE_PREFETCH``) and the one in flight."""
+        from draftline.pipeline.transport import RECEIVE_PREFETCH
+
+        return self.config.topology.q_hs if self.colocated else RECEIVE_PREFETCH + 1
+
+    def drafter_seqs(self, step: int) -> list[int]:
+        """The batch numbers of ``step`` this drafter trains (its share; possibly none)."""
+        from draftline.pipeline.roles import drafter_share
+
+        end = self.data.end_seq if self.data is not None else (step + 1) * self.batches_per_step
+        return drafter_share(step, self.batches_per_step, end, self.role.index, self.role.num_drafters)
+
+    @classmethod
+    def standalone(cls, config: TrainConfig, model: ModelSpec, device: torch.device, *, dtype: torch.dtype | None = None,
+                   total_steps: int = 10**6, batches_per_step: int = 1) -> "RunSpec":
+        """A single drafter that is handed its batches (benchmarks, tests): no data plan, no run directory."""
+        role = Role(0, COLOCATED, 0, 1, 1)
+        return cls(config, model, role, device, dtype or compute_dtype(config, device),
+                   batches_per_step=batches_per_step, total_steps=total_steps)
+
+
+def default_batches_per_step(config: TrainConfig, num_drafters: int) -> int:
+    """Batches per optimizer step of a fresh start (``--grad-accum`` per drafter, or
+    ``--global-batch-tokens``); a resume keeps its checkpoint's."""
+    return grad_accum_batches(config, num_drafters)
