@@ -402,7 +402,7 @@ def _check_tensors(path: Path, data: dict, check: ServingCheck) -> None:
     if unknown:
         add(Finding(", ".join(unknown[:6]) + (" ..." if len(unknown) > 6 else ""),
                     f"{len(unknown)} tensor{'s' if len(unknown) > 1 else ''} no engine maps ({SGLANG} skips unknown "
-                    f"tensors without a word, {VLLM} refuses to start)", "remove them, or rename them to the names "
+                    f"tensors without a word; {VLLM} refuses them at start, except '*.bias' names, which it skips)", "remove them, or rename them to the names "
                     "of the drafter's modules"))
     missing = sorted(set(expected) - names)
     if missing:
