@@ -4,17 +4,22 @@ PYTHON ?= python3
 # The CPU build of torch is enough for the demo and the tests; any torch>=2.11 runs draftline.
 # On GPU: pip install -e ".[gpu]", plus ".[hybrid]" (flash-linear-attention) for Qwen3.5/3.6 targets.
 TORCH_SPEC ?= torch==2.13.0
+SPECULATORS := "speculators==0.9.0" "hs-connectors==0.9.0" "loguru==0.7.3" "openai==3.57.0" "sniffio==1.3.1" \
+	"datasets==5.1.0" "multiprocess==0.70.19" "dill==0.4.1" "xxhash==4.1.0" "pandas==3.1.1"
 VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: demo test bench clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[test]"
 	# The official DFlash inference code is the reference the tests compare against.
 	$(BIN)/pip install -q --no-deps "dflash==0.1.0"
+	# A third-party consumer of the export format: speculators' DFlash converter, with only what its
+	# import needs (its full install pins torchvision/torchaudio and an older transformers).
+	$(BIN)/pip install -q --no-deps $(SPECULATORS)
 	touch $@
 
 demo: $(BIN)/.installed

@@ -98,9 +98,9 @@ def test_wrong_shape_and_bad_config_are_named(drafter, tmp_path):
         load_drafter(tmp_path / "d")
 
 
-def test_export_command_from_a_checkpoint_dir(drafter, tmp_path, capsys):
+def test_export_command_from_a_checkpoint_dir(drafter, qwen3_target, tmp_path, capsys):
     save_drafter(drafter, tmp_path / "run" / "checkpoints" / "step-00000010" / "drafter", dtype=torch.float32)
-    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 0
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out"), "--target", str(qwen3_target)]) == 0
     loaded = load_drafter(tmp_path / "out")
     torch.testing.assert_close(loaded.fc.weight, drafter.fc.weight.bfloat16().float())
     assert "num_speculative_tokens\": 7" in capsys.readouterr().out

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors import safe_open
@@ -43,10 +44,21 @@ def is_drafter_dir(path: str | Path) -> bool:
     return (path / CONFIG_NAME).is_file() and (path / WEIGHTS_NAME).is_file()
 
 
-def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16,
-                 weights: dict[str, torch.Tensor] | None = None) -> Path:
-    """Write ``drafter`` to ``out_dir`` atomically (existing contents are replaced). ``weights``: its whole
-    weights when the drafter itself holds only a shard of them (``shard.DrafterGroup.full_weights``)."""
+def save_drafter(
+    drafter: DFlashDrafter,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    weights: dict[str, torch.Tensor] | None = None,
+    finish: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write ``drafter`` to ``out_dir`` atomically (existing contents are replaced).
+
+    ``weights``: its whole weights when the drafter itself holds only a shard of them
+    (``shard.DrafterGroup.full_weights``). ``finish(tmp_dir)`` runs on the written files before they are
+    moved into place: it may add files (a model card) or raise to refuse them, and then nothing is written
+    and ``out_dir`` is untouched.
+    """
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tensors = {
@@ -58,6 +70,8 @@ def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, *, dtype: torch.dt
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         config = drafter_config_dict(drafter.config, dtype)
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+        if finish is not None:
+            finish(tmp)
         _replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

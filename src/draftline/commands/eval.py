@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     from draftline.checkpoint.export import load_drafter, load_drafter_config
     from draftline.checkpoint.locate import find_drafter_dir
+    from draftline.checkpoint.serving import inspect_drafter_dir
     from draftline.evaluate.acceptance import format_summary
     from draftline.evaluate.benchmark import evaluate_prompts
     from draftline.evaluate.prompts import read_prompts
@@ -68,6 +69,14 @@ def run(args: argparse.Namespace) -> int:
     drafter_dir = find_drafter_dir(args.drafter)
     drafter_config = load_drafter_config(drafter_dir)
     check_matches_target(drafter_config, load_target_config(args.target))
+    # The serving check: a drafter for another target is refused; what only the engines would load
+    # differently is said (eval decodes it as draftline trained it; `draftline export` refuses it).
+    serving = inspect_drafter_dir(drafter_dir, args.target)
+    serving.raise_if_refused(kinds=("target",))
+    for finding in serving.refused(kinds=("serving",)):
+        print(f"warning: vLLM/SGLang would not serve this drafter as evaluated (export refuses it): {finding}")
+    for warning in serving.warnings:
+        print(f"warning: {warning}")
     block_size = args.block_size or int(drafter_config.block_size)
     if block_size < 2:
         raise DraftlineError(f"--block-size must be >= 2 (the anchor and at least one draft), got {block_size}")

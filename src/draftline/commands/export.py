@@ -1,35 +1,90 @@
-"""``draftline export CKPT_DIR OUT_DIR``: a drafter checkpoint servers load as it is."""
+"""``draftline export CKPT_DIR OUT_DIR``: a drafter checkpoint servers load as it is.
+
+What is written is checked against the engines' loaders and the target (``checkpoint/serving.py``)
+before it is moved into place: a drafter vLLM or SGLang would load differently from how it was
+trained is refused and nothing is written. A model card (README.md) with the serving commands goes
+beside the weights.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import torch
 
 from draftline.checkpoint.export import load_drafter, save_drafter
 from draftline.checkpoint.locate import find_drafter_dir
+from draftline.checkpoint.model_card import CARD_NAME, model_card, serving_commands
+from draftline.checkpoint.serving import inspect_drafter_dir
+from draftline.errors import DraftlineError
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ckpt_dir", type=Path, help="a run directory, a training checkpoint, or a drafter directory")
-    parser.add_argument("out_dir", type=Path, help="where to write config.json + model.safetensors")
+    parser.add_argument("out_dir", type=Path, help="where to write config.json + model.safetensors + README.md")
+    parser.add_argument("--target", type=Path, default=None,
+                        help="the target model directory the drafter is checked against "
+                             "(default: the one recorded in the run directory's config.json)")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16", help="weights dtype (default bfloat16)")
+
+
+def recorded_target(ckpt_dir: Path) -> Path | None:
+    """The target named in the run's ``config.json`` (``model.target``) at or above ``ckpt_dir``."""
+    ckpt_dir = ckpt_dir.resolve()
+    for folder in (ckpt_dir, *list(ckpt_dir.parents)[:3]):  # RUN, RUN/final, RUN/checkpoints/step-N/drafter
+        config_file = folder / "config.json"
+        if not config_file.is_file():
+            continue
+        try:
+            model = json.loads(config_file.read_text()).get("model")
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(model, dict) and model.get("target"):
+            return Path(model["target"])
+    return None
+
+
+def _target_dir(args: argparse.Namespace) -> Path:
+    target = args.target or recorded_target(args.ckpt_dir)
+    if target is None:
+        raise DraftlineError(
+            f"{args.ckpt_dir}: no target recorded (no run config.json with model.target at or above it); export "
+            "checks the drafter against its target: pass --target DIR"
+        )
+    if not (target / "config.json").is_file():
+        source = "--target" if args.target else "the run's config.json (model.target)"
+        raise DraftlineError(f"{target} (from {source}) is not a model directory here: pass --target DIR")
+    return target
 
 
 def run(args: argparse.Namespace) -> int:
     source = find_drafter_dir(args.ckpt_dir)
+    target_dir = _target_dir(args)
     drafter = load_drafter(source, dtype=torch.float32)
-    save_drafter(drafter, args.out_dir, dtype=_DTYPES[args.dtype])
     params = sum(p.numel() for p in drafter.parameters())
     cfg = drafter.config
-    print(f"exported {source} -> {args.out_dir}")
+    warnings: list[str] = []
+
+    def check_and_describe(tmp: Path) -> None:
+        check = inspect_drafter_dir(tmp, target_dir)
+        check.path = args.out_dir  # name the destination, not the temporary directory
+        check.raise_if_refused()
+        warnings.extend(check.warnings)
+        card = model_card(cfg, target_name=target_dir.resolve().name, num_parameters=params, warnings=check.warnings)
+        (tmp / CARD_NAME).write_text(card)
+
+    save_drafter(drafter, args.out_dir, dtype=_DTYPES[args.dtype], finish=check_and_describe)
+    print(f"exported {source} -> {args.out_dir} (checked against the target {target_dir})")
     print(f"  {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {params / 1e6:.1f}M parameters, "
           f"block_size {cfg.block_size}, target_layer_ids {cfg.dflash_config['target_layer_ids']}")
-    print(f"  SGLang: --speculative-algorithm DFLASH --speculative-draft-model-path {args.out_dir} "
-          f"--speculative-num-draft-tokens {cfg.block_size}")
-    print(f"  vLLM:   speculative_config={{\"method\": \"dflash\", \"model\": \"{args.out_dir}\", "
-          f"\"num_speculative_tokens\": {cfg.block_size - 1}}}")
+    for warning in warnings:
+        print(f"  warning: {warning}")
+    commands = serving_commands(cfg, drafter=str(args.out_dir), target=str(target_dir))
+    print(f"  SGLang: {commands['sglang']}")
+    print(f"  vLLM:   {commands['vllm']}")
+    print(f"  model card: {args.out_dir / CARD_NAME}")
     return 0

@@ -110,9 +110,14 @@ class ModelSpec:
         target_config = load_target_config(m.target)
         distill = config.optim.distill > 0
         if m.init_drafter:
+            from draftline.checkpoint.serving import check_drafter_dir
+
             drafter_config = load_drafter_config(m.init_drafter)
             check_matches_target(drafter_config, target_config)
             _refuse_shape_flags(config, drafter_config)
+            # A released drafter that an engine would load differently is refused now, not at export.
+            for warning in check_drafter_dir(m.init_drafter, m.target):
+                print(f"draftline: warning: --init-drafter {m.init_drafter}: {warning}", flush=True)
             return cls.from_configs(target_config, drafter_config, target=m.target, distill=distill,
                                     init=INIT_DRAFTER, init_source=m.init_drafter)
         drafter_config = build_drafter_config(

@@ -1,0 +1,85 @@
+"""The model card written beside an exported drafter: what it is and the commands that serve it.
+
+The commands follow the engine versions the serving check was read from (``ENGINES_READ``): SGLang
+takes the block size as ``--speculative-num-draft-tokens`` (it overrides the config's block_size
+with only a warning, so it is given exactly); vLLM drafts ``num_speculative_tokens`` slots after the
+anchor, block_size - 1.
+"""
+
+from __future__ import annotations
+
+import json
+
+from draftline.checkpoint.serving import ENGINES_READ, MIXED_LAYERS_WARNING
+
+CARD_NAME = "README.md"
+
+
+def serving_commands(config, *, drafter: str = "$DRAFTER", target: str = "$TARGET") -> dict[str, str]:
+    """Shell commands that serve ``config``'s drafter with ``target``: {'sglang': ..., 'vllm': ...}."""
+    block_size = int(config.block_size)
+    spec = json.dumps({"method": "dflash", "model": drafter, "num_speculative_tokens": block_size - 1})
+    # Mixed layer types need vLLM's V2 model runner (the serving check warns about them).
+    env = "VLLM_USE_V2_MODEL_RUNNER=1 " if is_mixed(config) else ""
+    return {
+        "sglang": (f"python -m sglang.launch_server --model-path {target} --speculative-algorithm DFLASH "
+                   f"--speculative-draft-model-path {drafter} --speculative-num-draft-tokens {block_size}"),
+        "vllm": f"{env}vllm serve {target} --speculative-config '{spec}'",
+    }
+
+
+def is_mixed(config) -> bool:
+    types = list(getattr(config, "layer_types", None) or [])
+    return 0 < types.count("sliding_attention") < len(types)
+
+
+def model_card(config, *, target_name: str, num_parameters: int, warnings: list[str] = ()) -> str:
+    """README.md text for the exported drafter ``config`` of the target named ``target_name``."""
+    dflash = config.dflash_config
+    types = list(config.layer_types)
+    layers = ", ".join(f"{types.count(t)} x {t}" for t in dict.fromkeys(types))
+    window = f", window {config.sliding_window}" if "sliding_attention" in types else ""
+    commands = serving_commands(config)
+    lines = [
+        "# DFlash drafter",
+        "",
+        f"A DFlash speculative-decoding drafter for `{target_name}`, trained and exported by draftline.",
+        "",
+        f"- {config.num_hidden_layers} layers ({layers}{window}), hidden size {config.hidden_size}, "
+        f"{num_parameters / 1e6:.1f}M parameters",
+        f"- block size {config.block_size}; target layers {dflash['target_layer_ids']} of "
+        f"{config.num_target_layers}; mask token id {dflash['mask_token_id']}",
+        "- no embedding or LM head: the drafter uses the target's",
+        "",
+        "## Serving",
+        "",
+        "Set `TARGET` to the target model's directory or hub id and `DRAFTER` to this directory:",
+        "",
+        "```bash",
+        f"TARGET=/path/to/{target_name}",
+        "DRAFTER=/path/to/this/directory",
+        "```",
+        "",
+        f"SGLang (read: {ENGINES_READ['SGLang']}):",
+        "",
+        "```bash",
+        commands["sglang"],
+        "```",
+        "",
+        f"vLLM (read: {ENGINES_READ['vLLM']}):",
+        "",
+        "```bash",
+        commands["vllm"],
+        "```",
+        "",
+        f"`--speculative-num-draft-tokens {config.block_size}` is the block size (SGLang would otherwise take "
+        f"the config's, and overrides it with only a warning); vLLM's `num_speculative_tokens` is the "
+        f"block size minus the anchor, {config.block_size - 1}.",
+    ]
+    if is_mixed(config):
+        lines += ["", "This drafter mixes sliding-window and full-attention layers: vLLM runs it only on its V2 model "
+                  "runner, hence `VLLM_USE_V2_MODEL_RUNNER=1` (vLLM refuses the drafter on its V1 runner)."]
+    notes = [w for w in warnings if w != MIXED_LAYERS_WARNING]
+    if notes:
+        lines += ["", "Notes from the export check:", ""] + [f"- {w}" for w in notes]
+    return "\n".join(lines) + "\n"
