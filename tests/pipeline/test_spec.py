@@ -1,0 +1,69 @@
+"""pipeline/spec.py: the run resolved once: how the drafter starts, a warm start's shape, the feature width."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from draftline.checkpoint.export import save_drafter
+from draftline.config import ModelConfig, OptimConfig, TrainConfig
+from draftline.errors import DraftlineError
+from draftline.model.drafter import DFlashDrafter
+from draftline.pipeline.build import build_drafter
+from draftline.pipeline.spec import INIT_DRAFTER, INIT_RANDOM, INIT_TARGET, ModelSpec, RunSpec
+
+
+def _config(target, **model) -> TrainConfig:
+    return TrainConfig(out="unused", model=ModelConfig(target=str(target), **model))
+
+
+def test_the_drafter_starts_from_the_target_by_default_and_random_when_asked(qwen3_target):
+    default = ModelSpec.resolve(_config(qwen3_target, draft_layers=2, block_size=4))
+    assert default.init == INIT_TARGET and "target's top layers" in default.describe_init()
+    random = ModelSpec.resolve(_config(qwen3_target, draft_layers=2, block_size=4, init_from_target=False))
+    assert random.init == INIT_RANDOM
+    started = {m.init: build_drafter(RunSpec.standalone(_config(qwen3_target), m, torch.device("cpu")))
+               for m in (default, random)}
+    from safetensors.torch import load_file
+
+    target = load_file(qwen3_target / "model.safetensors")
+    top = target["model.layers.7.mlp.down_proj.weight"]  # the target's last layer starts the drafter's last
+    assert torch.equal(started[INIT_TARGET].layers[1].mlp.down_proj.weight, top)
+    assert not torch.equal(started[INIT_RANDOM].layers[1].mlp.down_proj.weight, top)
+
+
+def test_the_feature_width_counts_the_teacher_with_soft_labels(qwen3_target):
+    config = _config(qwen3_target, draft_layers=2, block_size=4)
+    plain = ModelSpec.resolve(config)
+    config.optim = OptimConfig(distill=0.5)
+    soft = ModelSpec.resolve(config)
+    assert plain.feature_width == 2 * 64 and soft.feature_width == 3 * 64
+    assert soft.layers_run == 8 and plain.layers_run == max(plain.layer_ids) + 1
+
+
+@pytest.fixture()
+def released(qwen3_target, tmp_path):
+    config = ModelSpec.resolve(_config(qwen3_target, draft_layers=2, block_size=4)).drafter_config
+    return save_drafter(DFlashDrafter(config).float(), tmp_path / "released")
+
+
+def test_a_warm_start_takes_the_drafters_shape_and_refuses_flags_that_contradict_it(qwen3_target, released):
+    spec = ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released)))
+    assert spec.init == INIT_DRAFTER and spec.block_size == 4 and spec.drafter_config.num_hidden_layers == 2
+    assert ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released), block_size=4)).block_size == 4
+    with pytest.raises(DraftlineError) as info:
+        ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released), draft_layers=5, block_size=8))
+    message = str(info.value)
+    assert "--draft-layers 5 (the drafter has 2)" in message and "--block-size 8 (the drafter has 4)" in message
+    with pytest.raises(DraftlineError, match="--init-drafter and --init-from-target"):
+        ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released), init_from_target=True))
+
+
+def test_a_released_drafter_an_engine_would_load_wrongly_is_refused_before_training(qwen3_target, released):
+    config = json.loads((released / "config.json").read_text())
+    config["dflash_config"]["target_layer_ids"] = [1, 7]  # the target's last layer: read after its norm only here
+    (released / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DraftlineError, match="target_layer_ids"):
+        ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released)))
