@@ -1,0 +1,85 @@
+"""Sharded drafters (FSDP2 over CPU ranks, gloo): several drafters give the losses and weights of one
+process, and a run stopped on two drafters and resumed on one ends where the run that never stopped ends.
+
+The reference is a single process with the same batches per optimizer step (``--grad-accum``): the step is the
+same sum over the same batches whatever the number of drafters, so the losses agree to fp32 rounding (the
+sums run in another order) and the weights too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+from safetensors.torch import load_file
+
+from draftline.checkpoint.state import latest_checkpoint
+from line_helpers import base_args, read_jsonl, run, start, step_losses, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def _args(target, data, out, **extra):
+    return base_args(target, data, out, epochs=2, trace=True, random_init=True, token_budget=256, **extra)
+
+
+def _close(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys() and len(a) >= 4
+    for step, loss in a.items():
+        assert b[step] == pytest.approx(loss, rel=1e-6), step
+
+
+def _weights(checkpoint):
+    return load_file(checkpoint / "drafter" / "model.safetensors")
+
+
+def _weights_close(a, b) -> None:
+    for name, value in a.items():
+        scale = float(value.abs().max()) or 1.0
+        assert float((value - b[name]).abs().max()) / scale < 1e-5, name
+
+
+@pytest.fixture(scope="module")
+def one_process(qwen3_target, line_data, tmp_path_factory):
+    """One drafter, six batches per optimizer step."""
+    out = tmp_path_factory.mktemp("one") / "run"
+    done = run(_args(qwen3_target, line_data, out, grad_accum=6))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("layout", [["--gpus", "3", "--targets", "1", "--grad-accum", "3"],  # 2 drafters
+                                    ["--gpus", "3", "--colocated", "--grad-accum", "2"]])  # 3 drafters, each beside a target
+def test_sharded_drafters_give_the_losses_and_weights_of_one_process(one_process, qwen3_target, line_data, tmp_path,
+                                                                      layout):
+    out = tmp_path / "run"
+    done = run([*_args(qwen3_target, line_data, out), *layout])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sharded over the" in done.stdout
+    _close(step_losses(one_process), step_losses(out))
+    _weights_close(_weights(latest_checkpoint(one_process)), _weights(latest_checkpoint(out)))
+    shards = list((latest_checkpoint(out) / "state").glob("*.distcp"))
+    assert len(shards) == (2 if "--targets" in layout else 3)  # each drafter wrote its own
+
+
+def test_stopped_on_two_drafters_resumed_on_one_ends_like_the_run_that_never_stopped(one_process, qwen3_target,
+                                                                                      line_data, tmp_path):
+    out = tmp_path / "run"
+    two = [*_args(qwen3_target, line_data, out, grad_accum=3, save_every=1000), "--gpus", "2", "--colocated"]
+    proc = start(two)
+    wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 2, 180, "2 steps", proc)
+    ranks = [json.loads(p.read_text()) for p in sorted((out / "ranks").glob("rank-*.json"))]
+    os.kill(next(r for r in ranks if r["role_index"] == 1)["pid"], signal.SIGINT)  # one drafter: all agree on the step
+    out_text, err_text = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err_text[-3000:]
+    stopped_at = int(latest_checkpoint(out).name.split("-")[-1])
+    reference = step_losses(one_process)
+    assert 2 <= stopped_at < len(reference)
+
+    resumed = run([*_args(qwen3_target, line_data, out, grad_accum=3, save_every=1000), "--resume"])  # one drafter
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "written by 2 drafter(s), resumed on 1: a step keeps its 6 batch(es), 6 per drafter" in resumed.stdout
+    _close(reference, step_losses(out))
+    _weights_close(_weights(latest_checkpoint(one_process)), _weights(latest_checkpoint(out)))
