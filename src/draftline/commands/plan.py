@@ -1,62 +1,64 @@
-"""``draftline plan``: recommend a topology (targets : drafters) and a token budget, and say why.
+"""``draftline plan``: every layout of N GPUs (targets + drafters, or colocated), its speed and memory per
+GPU, and the recommended one with its ``draftline train`` command.
 
-Without ``--measure`` the rates come from the FLOP model (no GPU needed) at assumed MFUs of the
-GPU's spec peak, and memory from a model of each role (weights, optimizer, activations, queued
-features); the GPU need not be this machine's: ``--gpu "RTX PRO 6000"`` takes its spec from the
-table, ``--gpu-memory-gib`` / ``--gpu-peak-tflops`` give them directly. With ``--measure`` the
-target's feature pass and the drafter's training step are timed on this device on batches like
-the data's.
+Rates: the FLOP model at the MFUs this project measured per role on an H200 (as the same share of
+another GPU's spec peak, e.g. ``--gpu "RTX PRO 6000"``; the output says so), or with ``--measure``
+the roles timed on the GPU in hand. Memory: a model of each role (weights, optimizer state sharded
+over the drafters, activations, queued features); ``train``'s preflight measures the real worst case.
+Only the target's ``config.json`` is read: a 27B target can be planned on a laptop.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from draftline.config import OptimConfig
+from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
-from draftline.model.config import build_drafter_config, text_config
-from draftline.model.target import load_target_config
-from draftline.monitor.flops import DrafterShape, TargetShape, format_flops, gpu_spec, resolve_peak
+from draftline.model.config import text_config
+from draftline.monitor.flops import format_flops
 from draftline.monitor.peak import known_gpus
 from draftline.pipeline.plan import (
-    DRAFTER_MFU,
-    TARGET_MFU,
-    colocated_rate,
-    drafter_memory,
-    estimate_rates,
-    largest_budget,
-    measure_rates,
-    per_sample_flops,
-    splits,
-    target_memory,
+    ANCHOR_SWEEP, MEASURED_MFU, MemoryInputs, estimate_rates, hardware_for, measure_rates, passes_per_sample,
+    per_sample_flops, plan_layouts, reference_lengths, target_mfu, with_anchors,
 )
+from draftline.pipeline.spec import ModelSpec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, help="the target model directory (only its config.json is read)")
-    parser.add_argument("--data", help="a prepared dataset (its lengths); default: log-normal around --mean-length")
-    parser.add_argument("--mean-length", type=int, default=2826, help="mean sample length without --data")
-    parser.add_argument("--gpus", type=int, help="GPUs to split (default: this node's count, else 8)")
-    parser.add_argument("--gpu", help='plan for this GPU (its spec: peak and memory), e.g. "H200", "RTX PRO 6000"')
-    parser.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU (default: --gpu's, else this one's)")
-    parser.add_argument("--gpu-peak-tflops", type=float,
-                        help="dense bf16 peak of one GPU in TFLOP/s (default: --gpu's spec, else this one's)")
-    parser.add_argument("--target-mfu", type=float, default=TARGET_MFU, help="assumed MFU of the target's pass")
-    parser.add_argument("--drafter-mfu", type=float, default=DRAFTER_MFU, help="assumed MFU of the drafter's step")
-    parser.add_argument("--token-budget", type=int, default=32768)
-    parser.add_argument("--draft-layers", type=int, default=5)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--max-anchors", type=int, default=512)
-    parser.add_argument("--max-query-rows", type=int, default=32768)
-    parser.add_argument("--q-hs", type=int, default=8, help="hidden-state queue depth (feature batches in flight)")
-    parser.add_argument("--memory-headroom-gib", type=float, default=2.0)
-    parser.add_argument("--measure", action="store_true", help="time the roles on this device instead of the FLOP model")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    what = parser.add_argument_group("what to train")
+    what.add_argument("--target", required=True, help="the target model directory (only its config.json is read)")
+    what.add_argument("--data", help="a prepared dataset: its sample lengths (default: log-normal around --mean-length)")
+    what.add_argument("--mean-length", type=int, default=2826, help="mean sample length in tokens without --data")
+    what.add_argument("--draft-layers", type=int, help="drafter layers (default: 5, as train)")
+    what.add_argument("--block-size", type=int, help="tokens per block (default: 16, as train)")
+    what.add_argument("--max-anchors", type=int, default=512,
+                      help="anchors per document: the drafter's work grows with it (the plan also shows 128, 256, 512)")
+    what.add_argument("--distill", type=float, default=0.0, help="soft-label weight (above 0 the target runs every layer)")
+    node = parser.add_argument_group("the node")
+    node.add_argument("--gpus", type=int, help="GPUs of the node (default: this node's count, else 8)")
+    node.add_argument("--gpu", help='plan for this GPU by name, from the spec table (e.g. "H200", "RTX PRO 6000"); '
+                                    "default: this machine's GPU, else an H200")
+    node.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU in GiB (default: --gpu's)")
+    node.add_argument("--gpu-peak-tflops", type=float, help="dense bf16 peak of one GPU in TFLOP/s (default: --gpu's)")
+    node.add_argument("--link-gbs", type=float,
+                      help="collective bandwidth between the GPUs in GB/s, what sharded drafters move their state over "
+                           "(default: assumed from the GPU: NVLink or PCIe 5)")
+    node.add_argument("--measure", action="store_true",
+                      help="time the target's pass and the drafter's step on this machine's GPU instead of the measured MFUs")
+    node.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device for --measure")
+    sizes = parser.add_argument_group("sizes (as train's flags)")
+    sizes.add_argument("--token-budget", type=int, default=32768, help="tokens per batch asked for (the plan may lower it to fit)")
+    sizes.add_argument("--max-query-rows", type=int, default=32768, help="block rows per drafter pass asked for")
+    sizes.add_argument("--q-hs", type=int, default=8, help="feature batches the hidden-state queue holds")
+    sizes.add_argument("--memory-headroom-gib", type=float, default=2.0, help="GiB per GPU kept free, as preflight")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", type=Path, help="also write every layout and the recommendation to this JSON file")
 
 
 def _lengths(args) -> np.ndarray:
@@ -66,164 +68,140 @@ def _lengths(args) -> np.ndarray:
         lengths = TokenDataset(args.data).lengths
         rng = np.random.default_rng(0)
         return rng.choice(lengths, size=min(len(lengths), 512), replace=False)
-    sigma = 0.6
-    rng = np.random.default_rng(0)
-    mu = math.log(args.mean_length) - sigma**2 / 2
-    return np.clip(rng.lognormal(mu, sigma, 512), 64, 8192).astype(int)
+    return reference_lengths(args.mean_length)
 
 
-def _measured(args, target_config, drafter_cfg, lengths, device):
-    from draftline.config import TrainConfig
+def _model(args) -> ModelSpec:
+    config = TrainConfig()
+    config.model.target = args.target
+    config.model.draft_layers, config.model.block_size = args.draft_layers, args.block_size
+    config.model.init_from_target = False  # the shape is all a plan needs
+    config.optim.distill = args.distill
+    return ModelSpec.resolve(config)
+
+
+def _measured(args, model: ModelSpec, lengths, device):
     from draftline.model.target import TargetFeatures
     from draftline.pipeline.build import build_drafter_worker
     from draftline.pipeline.health import Health, local_rank_info
-    from draftline.pipeline.spec import ModelSpec, RunSpec
+    from draftline.pipeline.spec import RunSpec
 
     config = TrainConfig()
     config.data.max_anchors = args.max_anchors
     config.engine.max_query_rows = args.max_query_rows
-    spec = RunSpec.standalone(config, ModelSpec.from_configs(target_config, drafter_cfg, target=str(args.target)), device)
-    target = TargetFeatures(args.target, drafter_cfg.dflash_config["target_layer_ids"], device=device, dtype=spec.dtype)
+    spec = RunSpec.standalone(config, model, device)
+    target = TargetFeatures(args.target, list(model.layer_ids), device=device, dtype=spec.dtype)
     worker = build_drafter_worker(spec, Health(local_rank_info(0, "plan", device)), target=target)
     return measure_rates(target, worker, lengths, args.token_budget, device)
 
 
-def _hardware(args, device: torch.device) -> tuple[str, float, float]:
-    """(what the plan is for, peak FLOP/s of one GPU, memory GiB of one GPU)."""
-    given = args.gpu_memory_gib is not None and args.gpu_peak_tflops is not None
-    if args.gpu:
-        spec = gpu_spec(args.gpu)
-        if spec is None and not given:
-            names = ", ".join(f'"{g.name}"' for g in known_gpus())
-            raise DraftlineError(f"--gpu {args.gpu!r} is not in the spec table ({names}); "
-                                 "give its numbers with --gpu-memory-gib and --gpu-peak-tflops")
-    elif device.type == "cuda":
-        spec = gpu_spec(torch.cuda.get_device_name(device))
-    else:
-        spec = None if given else gpu_spec("H200")  # a CPU machine: plan for the reference GPU (printed)
-    name = spec.name if spec is not None else (args.gpu or ("the given GPU" if given else str(device)))
-    if args.gpu_peak_tflops is not None:
-        peak = args.gpu_peak_tflops * 1e12
-    else:
-        peak = spec.bf16_flops if spec is not None else resolve_peak(device).flops
-    if args.gpu_memory_gib is not None:
-        memory = args.gpu_memory_gib
-    else:
-        memory = spec.memory_gib if spec is not None else torch.cuda.get_device_properties(device).total_memory / 2**30
-    if peak <= 0 or memory <= 0:
-        raise DraftlineError("--gpu-peak-tflops and --gpu-memory-gib must be positive")
-    return name, peak, memory
-
-
-def _describe_layers(target_config, layers_run: int) -> str:
-    text = text_config(target_config)
-    kinds = [layer.kind for layer in TargetShape.from_config(target_config).layers]
-    counts = Counter(kinds[:layers_run])
+def _describe_layers(model: ModelSpec) -> str:
+    text = text_config(model.target_config)
+    kinds = [layer.kind for layer in model.target_shape.layers]
+    counts = Counter(kinds[: model.layers_run])
     mix = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts.items())
     moe = getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None)
     experts = f"; MoE: {text.num_experts_per_tok} of {moe} experts per token" if moe else ""
-    return f"target: {len(kinds)} layers, the feature pass runs {layers_run} ({mix}){experts}"
+    d = model.drafter_config
+    return (f"target: {len(kinds)} layers, the feature pass runs {model.layers_run} ({mix}){experts}\n"
+            f"drafter: {d.num_hidden_layers} layers, {d.num_attention_heads} heads x {d.head_dim} "
+            f"({d.num_key_value_heads} KV), block {model.block_size}, {model.num_trained_params / 1e9:.2f}B trained "
+            f"weights ({16 * model.num_trained_params / 2**30:.1f} GiB of state unsharded)")
 
 
 def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
-    target_config = load_target_config(args.target)
-    drafter_cfg = build_drafter_config(target_config, num_hidden_layers=args.draft_layers, block_size=args.block_size)
-    target_shape, drafter_shape = TargetShape.from_config(target_config), DrafterShape.from_config(drafter_cfg)
-    layers_run = drafter_shape.target_layers_run
+    model = _model(args)
     lengths = _lengths(args)
     num_gpus = args.gpus or (torch.cuda.device_count() if torch.cuda.is_available() else 8)
     if num_gpus < 2:
         raise DraftlineError("with one GPU, target and drafter share it (colocated): nothing to split; pass --gpus N >= 2")
-    gpu_name, peak, memory = _hardware(args, device)
-    print(f"planning for {num_gpus} x {gpu_name}: {format_flops(peak)}/s dense bf16, {memory:.0f} GiB each")
-    print(_describe_layers(target_config, layers_run))
-    t_flops, d_flops = per_sample_flops(target_shape, drafter_shape, lengths, args.max_anchors)
-    print(f"per sample (mean length {lengths.mean():.0f}, {args.max_anchors} anchors, block {args.block_size}): "
-          f"target {format_flops(t_flops)}, drafter {format_flops(d_flops)} "
-          f"-> the target side is {t_flops / (t_flops + d_flops):.0%} of the work")
+    if args.gpu and args.gpu_memory_gib is None and args.gpu_peak_tflops is None:
+        from draftline.monitor.peak import gpu_spec
+
+        if gpu_spec(args.gpu) is None:
+            names = ", ".join(f'"{g.name}"' for g in known_gpus())
+            raise DraftlineError(f"--gpu {args.gpu!r} is not in the spec table ({names}); "
+                                 "give its numbers with --gpu-memory-gib and --gpu-peak-tflops")
+    hardware = hardware_for(device, args.gpu, memory_gib=args.gpu_memory_gib, peak_tflops=args.gpu_peak_tflops,
+                            link_gbs=args.link_gbs)
+    if not hardware.peak_flops > 0 or not hardware.memory_gib > 0:
+        raise DraftlineError("give the GPU's numbers: --gpu NAME, or --gpu-memory-gib and --gpu-peak-tflops")
+    print(f"planning for {num_gpus} x {hardware.name}: {format_flops(hardware.peak_flops)}/s dense bf16, "
+          f"{hardware.memory_gib:.0f} GiB each, {hardware.link_gbs:.0f} GB/s between GPUs ({hardware.link_source})")
+    print(_describe_layers(model))
+    mean_length = float(lengths.mean())
+    t_flops, d_flops = per_sample_flops(model.target_shape, model.drafter_shape, lengths, args.max_anchors)
+    print(f"per sample (mean length {mean_length:.0f}, {args.max_anchors} anchors, block {model.block_size}): "
+          f"target {format_flops(t_flops)}, drafter {format_flops(d_flops)}")
     if args.measure:
-        rates = _measured(args, target_config, drafter_cfg, lengths, device)
+        rates = _measured(args, model, lengths, device)
     else:
-        rates = estimate_rates(target_shape, drafter_shape, lengths, args.max_anchors, peak,
-                               args.target_mfu, args.drafter_mfu)
+        rates = estimate_rates(model.target_shape, model.drafter_shape, lengths, args.max_anchors, hardware.peak_flops)
+        print(f"  MFUs measured on one H200: target {target_mfu(model.target_shape)[1]}; drafter "
+              f"{MEASURED_MFU['drafter'][1]}; taken as the same share of this GPU's spec peak")
     print(f"rates per GPU ({rates.source}): target {rates.target_samples_s:.2f} samples/s, "
           f"drafter {rates.drafter_samples_s:.2f} samples/s")
-    if rates.target_peak_gib is not None:
-        print(f"peak memory measured at --token-budget {args.token_budget}: target {rates.target_peak_gib:.1f} GiB, "
-              f"drafter {rates.drafter_peak_gib:.1f} GiB (train's preflight checks the worst case)")
-    table = splits(num_gpus, rates)
-    best = table[0]
-    split, colocated = _memory_plan(args, target_shape, drafter_shape, layers_run, memory, best.targets)
-    mean_len = float(lengths.mean())
-    print(f"\nsplits of {num_gpus} GPUs (best first):")
-    print(f"  {'targets':>7} {'drafters':>8} {'samples/s':>10} {'Ktok/s':>8}  who waits")
-    for s in table:
-        wait = "balanced" if s.waiting_side == "none" else f"{s.waiting_side} idle {s.waiting_share:.0%}"
-        print(f"  {s.targets:>7} {s.drafters:>8} {s.samples_s:>10.2f} {s.samples_s * mean_len / 1e3:>8.1f}  {wait}")
-    both = colocated_rate(num_gpus, rates)
-    print(f"  colocated on every GPU (--colocated): {both:.2f} samples/s, {both * mean_len / 1e3:.1f} Ktok/s"
-          + ("" if colocated else " (does not fit one GPU: out)"))
-    # Colocated wins on throughput when no split balances, unless memory forces it to a smaller budget.
-    if colocated and (split is None or (both > best.samples_s * 1.02 and colocated[0] >= split[0])):
-        print(f"\nrecommended: --colocated {_budget_flags(args, *colocated)} (draftline train --gpus {num_gpus} ...): "
-              f"no split balances the two sides here, and every GPU doing both jobs keeps them all busy")
-    elif split:
-        print(f"\nrecommended: --targets {best.targets} --drafters {best.drafters} {_budget_flags(args, *split)}"
-              f" (draftline train --gpus {num_gpus} ...)")
+    inputs = MemoryInputs(model.target_shape, model.drafter_shape, model.layers_run,
+                          len(model.layer_ids) + int(model.distill), args.q_hs)
+    min_budget = int(lengths.max()) if args.data else 4096
+
+    def layouts_at(r, anchors=args.max_anchors):
+        return plan_layouts(num_gpus, r, hardware, inputs, token_budget=args.token_budget,
+                            max_query_rows=args.max_query_rows, mean_length=mean_length,
+                            passes_per_sample=lambda rows: passes_per_sample(lengths, anchors, model.block_size, rows),
+                            headroom_gib=args.memory_headroom_gib, min_budget=min_budget)
+
+    layouts = layouts_at(rates)
+    print(f"\nlayouts of {num_gpus} GPUs, best first (memory per GPU at the largest budget that fits "
+          f"{hardware.memory_gib - args.memory_headroom_gib:.0f} GiB, up to --token-budget {args.token_budget}):")
+    print(f"  {'layout':<24} {'Ktok/s':>7}  {'budget':>7} {'rows':>6}  {'target GiB':>10} {'drafter GiB':>11}  who waits")
+    for layout in layouts:
+        target = f"{layout.memory_target.total:.1f}" if layout.memory_target else "-"
+        drafter = "(same GPU)" if layout.colocated else f"{layout.memory_drafter.total:.1f}"
+        print(f"  {layout.name():<24} {layout.ktok_s:>7.1f}  {layout.token_budget:>7} {layout.max_query_rows:>6}  "
+              f"{target:>10} {drafter:>11}  {layout.waiting}{'' if layout.fits else '; does not fit'}")
+    best = layouts[0]
+    record = {"hardware": {"name": hardware.name, "peak_tflops": hardware.peak_flops / 1e12,
+                           "memory_gib": hardware.memory_gib, "link_gbs": hardware.link_gbs},
+              "source": rates.source, "layouts": [layout.to_record() for layout in layouts]}
+    if not best.fits:
+        print(f"\nnothing fits: the target or the drafter alone exceeds one GPU's {hardware.memory_gib:.0f} GiB; use "
+              "more GPUs for the drafters (their state is sharded), GPUs with more memory, or fewer --draft-layers")
+        record["recommended"] = None
     else:
-        print(f"\nnothing fits: the target or the drafter alone exceeds one GPU's {memory:.0f} GiB; use GPUs with "
-              "more memory or fewer --draft-layers")
+        command = ["draftline", "train", "--gpus", str(num_gpus), *best.flags(args.max_query_rows),
+                   "--max-anchors", str(args.max_anchors), "--target", str(args.target), "--data", "DATA", "--out", "RUN"]
+        print(f"\nrecommended: {best.name()} at {best.ktok_s:.1f} Ktok/s ({best.samples_s:.2f} samples/s):\n  "
+              + " ".join(command))
+        _describe_memory(best)
+        record["recommended"] = {**best.to_record(), "command": " ".join(command)}
+        record["anchors"] = _anchor_sweep(args, model, rates, lengths, layouts_at, best)
+    if args.json:
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
     return 0
 
 
-def _budget_flags(args, budget: int, query_rows: int) -> str:
-    flags = f"--token-budget {budget}"
-    return flags + (f" --max-query-rows {query_rows}" if query_rows < args.max_query_rows else "")
+def _describe_memory(layout) -> None:
+    if layout.colocated:
+        print(f"  memory per GPU: {layout.memory_target.describe()} (its target and its 1/{layout.drafters} of the "
+              "drafter's state)")
+    else:
+        print(f"  memory per target GPU: {layout.memory_target.describe()}")
+        print(f"  memory per drafter GPU: {layout.memory_drafter.describe()} (state sharded over {layout.drafters})")
 
 
-def _memory_plan(args, target_shape, drafter_shape, layers_run: int, memory_gib: float,
-                 num_targets: int) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
-    """Print each role's memory at --token-budget and what fits one GPU; return (token budget, query
-    rows) for the split and for colocated training (None where nothing fits)."""
-    limit = memory_gib - args.memory_headroom_gib
-    features = len(drafter_shape.target_layer_ids) + (1 if drafter_shape.teacher_layers else 0)
-    outbox = -(-args.q_hs // num_targets) + 1
-    requested, rows = args.token_budget, args.max_query_rows
-
-    def target_at(budget):
-        return target_memory(target_shape, layers_run, budget, features, outbox)
-
-    def drafter_at(budget, query_rows):
-        return drafter_memory(drafter_shape, budget, query_rows, 3)
-
-    def colocated_at(budget, query_rows):  # the target's pass beside the drafter, q_hs batches queued
-        target = target_memory(target_shape, layers_run, budget, features, args.q_hs)
-        return target.total + drafter_memory(drafter_shape, budget, query_rows, 0).total
-
-    def rows_fitting(fits) -> int | None:
-        return largest_budget(fits, upper=rows, step=1024)
-
-    print(f"\nmemory per GPU at --token-budget {requested}, --max-query-rows {rows} "
-          "(an estimate; train's preflight measures the worst case):")
-    print(f"  target  {target_at(requested).describe()}")
-    print(f"  drafter {drafter_at(requested, rows).describe()}")
-    print(f"  colocated {colocated_at(requested, rows):.1f} GiB")
-
-    split = None
-    fit_target = largest_budget(lambda b: target_at(b).total <= limit)
-    if fit_target:
-        budget = min(requested, fit_target)
-        query_rows = rows_fitting(lambda r: drafter_at(budget, r).total <= limit)
-        split = (budget, query_rows) if query_rows else None
-    colocated = None
-    for budget in range(requested - requested % 4096 or 4096, 0, -4096):
-        query_rows = rows_fitting(lambda r: colocated_at(budget, r) <= limit)
-        if query_rows and query_rows >= min(rows, 4096):
-            colocated = (budget, query_rows)
-            break
-    print(f"  within {limit:.0f} GiB: target up to --token-budget {fit_target or 'none'}; "
-          + (f"drafter at --token-budget {split[0]} up to --max-query-rows {split[1]}; " if split else "drafter: nothing; ")
-          + (f"colocated at --token-budget {colocated[0]}, --max-query-rows {colocated[1]}" if colocated
-             else "colocated: nothing fits"))
-    return split, colocated
+def _anchor_sweep(args, model, rates, lengths, layouts_at, best) -> list[dict]:
+    """The recommended layout at 128, 256 and 512 anchors per document: the drafter's share of the work moves."""
+    print(f"\nthe recommended layout ({best.name()}) at other anchors per document:")
+    print(f"  {'anchors':>7} {'Ktok/s':>7}  memory GiB per GPU")
+    rows = []
+    for anchors in sorted(set(ANCHOR_SWEEP) | {args.max_anchors}):
+        at = with_anchors(rates, model.target_shape, model.drafter_shape, lengths, args.max_anchors, anchors)
+        same = next(l for l in layouts_at(at, anchors) if (l.targets, l.drafters, l.colocated) ==
+                    (best.targets, best.drafters, best.colocated))
+        memory = same.to_record()["memory_gib"]
+        print(f"  {anchors:>7} {same.ktok_s:>7.1f}  target {memory['target']}, drafter {memory['drafter']}")
+        rows.append({"max_anchors": anchors, "ktok_s": round(same.ktok_s, 3), "memory_gib": memory, "fits": same.fits})
+    return rows

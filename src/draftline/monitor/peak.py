@@ -24,6 +24,9 @@ class GpuSpec:
     """Dense (no sparsity) bf16 tensor-core FLOP/s."""
     memory_gib: float
     """Memory of one GPU as sold (GB on the datasheet, about GiB as torch reports it)."""
+    link_gbs: float = 40.0
+    """A collective's bandwidth between the GPUs of one node (NCCL bus bandwidth, GB/s): an assumption from
+    the interconnect (NVLink generation, or PCIe 5 x16 for cards without NVLink), for planning only."""
 
 
 # Matched by substring of the lower-cased torch device name, first match first: more specific
@@ -31,14 +34,14 @@ class GpuSpec:
 # "with sparsity" figure. RTX PRO 6000 Blackwell: 4 PFLOPS FP4 with sparsity -> 504 TFLOP/s dense
 # bf16 (its spec sheets list 503.8); the Max-Q edition runs lower clocks and has no entry.
 _SPECS = (
-    ("h200 nvl", GpuSpec("NVIDIA H200 NVL", 835e12, 141)),
-    ("h200", GpuSpec("NVIDIA H200", 989e12, 141)),
-    ("h100 pcie", GpuSpec("NVIDIA H100 PCIe", 756e12, 80)),
-    ("h100", GpuSpec("NVIDIA H100 SXM", 989e12, 80)),
-    ("a100", GpuSpec("NVIDIA A100", 312e12, 80)),
-    ("b200", GpuSpec("NVIDIA B200", 2250e12, 180)),
+    ("h200 nvl", GpuSpec("NVIDIA H200 NVL", 835e12, 141, 40.0)),
+    ("h200", GpuSpec("NVIDIA H200", 989e12, 141, 360.0)),
+    ("h100 pcie", GpuSpec("NVIDIA H100 PCIe", 756e12, 80, 40.0)),
+    ("h100", GpuSpec("NVIDIA H100 SXM", 989e12, 80, 360.0)),
+    ("a100", GpuSpec("NVIDIA A100", 312e12, 80, 230.0)),
+    ("b200", GpuSpec("NVIDIA B200", 2250e12, 180, 700.0)),
     ("rtx pro 6000 blackwell max-q", None),
-    ("rtx pro 6000", GpuSpec("NVIDIA RTX PRO 6000 Blackwell", 504e12, 96)),
+    ("rtx pro 6000", GpuSpec("NVIDIA RTX PRO 6000 Blackwell", 504e12, 96, 40.0)),
 )
 
 # Matmul ceilings measured with ``measure_peak_flops``'s method, by exact torch device name.

@@ -1,38 +1,67 @@
-"""Planning a topology: how many GPUs should run the target, how many the drafter, at what budget.
+"""Planning a node: every layout of N GPUs, its speed and its memory per GPU, and the best one.
 
-The two sides must move the same number of samples per second: with ``T`` target GPUs at ``r_t``
-samples/s each and ``D`` drafter GPUs at ``r_d``, the line runs at ``min(T r_t, D r_d)`` and the
-faster side waits for the rest. ``estimate_rates`` gets ``r_t``/``r_d`` from the FLOP model (each
-layer by its kind) at an assumed MFU of a given peak (no GPU needed, any GPU: its peak and memory
-are inputs); ``measure_rates`` times the real roles on this device. ``splits`` tabulates every
-split of ``N`` GPUs, best first; ``colocated_rate`` is the alternative of a target and a drafter on
-every GPU. ``target_memory``/``drafter_memory`` estimate each role's memory (weights, optimizer,
-activations, queued features) so the plan can say which token budget fits a GPU of a given size;
-``train``'s preflight then checks the real worst case on the real device.
+One model, used by ``draftline plan`` and by ``train``'s default split (``default_split``):
+
+- Work per sample: the FLOP counter (``monitor.flops``) over a length distribution, for the target's
+  feature pass and the drafter's training step at ``max_anchors`` anchors per document.
+- Rates: work / (MFU x the GPU's spec peak). The MFUs are this repository's measurements on an H200
+  (``MEASURED_MFU``), taken as the same share of another GPU's spec peak when that GPU is not in hand;
+  ``plan --measure`` times the roles on the GPU in hand instead.
+- Sharded drafters also move their weights and gradients each pass (FSDP2: two bf16 gathers and one
+  fp32 reduce-scatter of the drafter's weights); that time overlaps the pass's compute, so a drafter's
+  time per sample is the larger of the two (``Hardware.link_gbs``: the GPUs' measured or assumed
+  collective bandwidth).
+- Layouts: T targets + D drafters (the line runs at ``min(T r_t, D r_d)``; the faster side waits), or
+  every GPU colocated (each does both in turn: ``N / (1/r_t + 1/r_d)``); a drafter's state sharded
+  over the D drafters.
+- Memory per GPU of each role (``target_memory``, ``drafter_memory``, ``colocated_memory``): weights,
+  optimizer state, activations, queued features; a layout fits where the largest token budget (up to
+  the one asked) and query rows fit every GPU. ``train``'s preflight then measures the real worst case.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 import torch
 
 from draftline.data.batch import PackedBatch
-from draftline.monitor.flops import DecoderShape, DrafterShape, TargetShape, drafter_flops, target_flops
+from draftline.monitor.flops import DecoderShape, DrafterShape, LINEAR, TargetShape, drafter_flops, target_flops
 
 _GIB = 2**30
-# Assumed MFUs against the spec peak, from what the roles reach on an H200 (docs/PERF_NOTES.md):
-# the dense target's feature pass ~40%, the drafter's training step ~32%.
-TARGET_MFU, DRAFTER_MFU = 0.40, 0.32
+
+MEASURED_MFU = {
+    "target": (0.589, "the compiled feature pass, Qwen3-8B shape, packed 32K tokens: 41.0 Ktok/s"),
+    "target_hybrid": (0.502, "the Qwen3.6-27B-shaped hybrid feature pass (flash-linear-attention), packed 32K: "
+                             "10.3 Ktok/s"),
+    "drafter": (0.552, "the drafter's step, packed 32K tokens, Qwen3-8B shape, FlashAttention-4: 129 ms/sample"),
+}
+"""MFU of each role against the spec dense bf16 peak, measured on one H200 (docs/PERF_NOTES.md)."""
+
+ANCHOR_SWEEP = (128, 256, 512)
+"""Anchors per document at which the recommended layout is also shown (the seeds' trade)."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One GPU of the node, as planning needs it."""
+
+    name: str
+    peak_flops: float
+    memory_gib: float
+    link_gbs: float
+    """Bandwidth of a collective between the node's GPUs (NCCL bus bandwidth), GB/s."""
+    link_source: str = "assumed"
 
 
 @dataclass
 class RoleRates:
     target_samples_s: float  # per target GPU
-    drafter_samples_s: float  # per drafter GPU
+    drafter_samples_s: float  # per drafter GPU, its compute alone
     source: str
     target_peak_gib: float | None = None
     drafter_peak_gib: float | None = None
@@ -47,41 +76,7 @@ class Split:
     waiting_share: float  # fraction of time the waiting side's GPUs idle
 
 
-def target_share(model, config, device=None) -> float:
-    """The target's share of the work per sample of the reference workload, to balance ``train``'s default
-    split (the rate model ``plan`` uses)."""
-    from draftline.monitor.reference import reference_drafter_flops, reference_target_flops
-
-    t = reference_target_flops(model.target_shape, model.layers_run)
-    d = reference_drafter_flops(model.drafter_shape, num_anchors=config.data.max_anchors)
-    return t / (t + d)
-
-
-def splits(num_gpus: int, rates: RoleRates) -> list[Split]:
-    """Every T + D = num_gpus split (each >= 1), best throughput first."""
-    out = []
-    for targets in range(1, num_gpus):
-        drafters = num_gpus - targets
-        produce = targets * rates.target_samples_s
-        consume = drafters * rates.drafter_samples_s
-        speed = min(produce, consume)
-        if abs(produce - consume) <= 1e-9 * max(produce, consume):
-            side, share = "none", 0.0
-        elif produce > consume:
-            side, share = "targets", 1 - consume / produce
-        else:
-            side, share = "drafters", 1 - produce / consume
-        out.append(Split(targets, drafters, speed, side, share))
-    return sorted(out, key=lambda s: -s.samples_s)
-
-
-def colocated_rate(num_gpus: int, rates: RoleRates) -> float:
-    """Samples/s with a target and a drafter on every GPU (``--colocated``): each GPU does both
-    jobs in turn. In this model it equals a perfectly balanced split and beats an unbalanced one;
-    what it costs instead is memory (both on one GPU) and the per-step gradient all-reduce."""
-    return num_gpus / (1.0 / rates.target_samples_s + 1.0 / rates.drafter_samples_s)
-
-
+# ------------------------------------------------------------------------------------------ work
 def per_sample_flops(target_shape: TargetShape, drafter_shape: DrafterShape, lengths: np.ndarray,
                      max_anchors: int, prompt_share: float = 0.2) -> tuple[float, float]:
     """Mean target and drafter FLOPs per sample over ``lengths`` (anchors in the response part)."""
@@ -98,14 +93,292 @@ def per_sample_flops(target_shape: TargetShape, drafter_shape: DrafterShape, len
     return t_total / len(lengths), d_total / len(lengths)
 
 
+def anchors_per_sample(lengths: np.ndarray, max_anchors: int, prompt_share: float = 0.2) -> float:
+    return float(np.mean([min(max_anchors, max(0, int(n - int(n * prompt_share) - 1))) for n in lengths.tolist()]))
+
+
+def reference_lengths(mean_length: int = 2826, count: int = 512) -> np.ndarray:
+    """Log-normal sample lengths around ``mean_length`` (capped at 8K): the reference workload's spread."""
+    sigma = 0.6
+    rng = np.random.default_rng(0)
+    mu = math.log(mean_length) - sigma**2 / 2
+    return np.clip(rng.lognormal(mu, sigma, count), 64, 8192).astype(int)
+
+
+def target_mfu(target_shape: TargetShape) -> tuple[float, str]:
+    """The measured MFU this target's feature pass is planned at (a hybrid's linear attention runs slower)."""
+    hybrid = any(layer.kind == LINEAR for layer in target_shape.layers)
+    return MEASURED_MFU["target_hybrid" if hybrid else "target"]
+
+
 def estimate_rates(target_shape: TargetShape, drafter_shape: DrafterShape, lengths: np.ndarray, max_anchors: int,
-                   peak_flops: float, target_mfu: float = TARGET_MFU, drafter_mfu: float = DRAFTER_MFU) -> RoleRates:
-    """Rates from the FLOP model at assumed MFUs of ``peak_flops`` (the GPU's spec peak)."""
+                   peak_flops: float, target_mfu_: float | None = None, drafter_mfu: float | None = None) -> RoleRates:
+    """Rates per GPU from the FLOP model at the measured MFUs of ``peak_flops`` (the GPU's spec peak)."""
     t, d = per_sample_flops(target_shape, drafter_shape, lengths, max_anchors)
-    return RoleRates(target_mfu * peak_flops / t, drafter_mfu * peak_flops / d,
-                     f"FLOP model at {target_mfu:.0%} target / {drafter_mfu:.0%} drafter MFU")
+    tm = target_mfu_ if target_mfu_ is not None else target_mfu(target_shape)[0]
+    dm = drafter_mfu if drafter_mfu is not None else MEASURED_MFU["drafter"][0]
+    return RoleRates(tm * peak_flops / t, dm * peak_flops / d,
+                     f"FLOP model at {tm:.1%} (target) / {dm:.1%} (drafter) of the spec peak, measured on one H200")
 
 
+# ------------------------------------------------------------------------------------------ layouts
+def shard_traffic_bytes(num_trained_params: int, num_drafters: int) -> float:
+    """Bytes a sharded drafter rank moves per pass: its weights gathered in bf16 for the forward and again for
+    the backward, its gradients reduce-scattered in fp32; (D-1)/D of each in a ring."""
+    if num_drafters <= 1:
+        return 0.0
+    return (2 + 2 + 4) * num_trained_params * (num_drafters - 1) / num_drafters
+
+
+def drafter_seconds_per_sample(rates: RoleRates, num_drafters: int, num_trained_params: int, passes_per_sample: float,
+                               hardware: Hardware) -> float:
+    """One drafter GPU's time per sample: its compute, or its share of the sharded state's traffic if that is
+    longer (the two overlap)."""
+    compute = 1.0 / rates.drafter_samples_s
+    traffic = shard_traffic_bytes(num_trained_params, num_drafters) * passes_per_sample / (hardware.link_gbs * 1e9)
+    return max(compute, traffic)
+
+
+def splits(num_gpus: int, rates: RoleRates, drafter_s: Callable[[int], float] | None = None) -> list[Split]:
+    """Every T + D = num_gpus split (each >= 1), best throughput first; ``drafter_s(D)``: a drafter's seconds
+    per sample with D drafters (default: its compute alone)."""
+    out = []
+    for targets in range(1, num_gpus):
+        drafters = num_gpus - targets
+        produce = targets * rates.target_samples_s
+        consume = drafters / (drafter_s(drafters) if drafter_s else 1.0 / rates.drafter_samples_s)
+        speed = min(produce, consume)
+        if abs(produce - consume) <= 1e-9 * max(produce, consume):
+            side, share = "none", 0.0
+        elif produce > consume:
+            side, share = "targets", 1 - consume / produce
+        else:
+            side, share = "drafters", 1 - produce / consume
+        out.append(Split(targets, drafters, speed, side, share))
+    return sorted(out, key=lambda s: -s.samples_s)
+
+
+def colocated_rate(num_gpus: int, rates: RoleRates, drafter_s: Callable[[int], float] | None = None) -> float:
+    """Samples/s with a target and a drafter on every GPU (``--colocated``): each GPU does both jobs in turn.
+    In this model it equals a perfectly balanced split and beats an unbalanced one; what it costs instead is
+    memory (both on one GPU)."""
+    d = drafter_s(num_gpus) if drafter_s else 1.0 / rates.drafter_samples_s
+    return num_gpus / (1.0 / rates.target_samples_s + d)
+
+
+# ------------------------------------------------------------------------------------------ memory
+@dataclass
+class MemoryEstimate:
+    """One role's memory on one GPU, in GiB."""
+
+    weights: float
+    optimizer: float
+    activations: float
+    buffers: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.optimizer + self.activations + self.buffers
+
+    def describe(self) -> str:
+        return (f"{self.total:.1f} GiB (weights {self.weights:.1f}, optimizer {self.optimizer:.1f}, "
+                f"activations {self.activations:.1f}, queued features {self.buffers:.1f})")
+
+    def __add__(self, other: "MemoryEstimate") -> "MemoryEstimate":
+        return MemoryEstimate(self.weights + other.weights, self.optimizer + other.optimizer,
+                              self.activations + other.activations, self.buffers + other.buffers)
+
+
+def _widest(shape: DecoderShape) -> float:
+    """Columns a token's row fans out to in the widest layer (projection outputs + inputs): about
+    its per-token weights over the width, plus a few residual-width tensors."""
+    return max(layer.token_params / shape.hidden_size for layer in shape.layers) + 4 * shape.hidden_size
+
+
+def target_memory(shape: DecoderShape, layers_run: int, token_budget: int, num_feature_layers: int,
+                  queued_batches: int, bytes_per_value: int = 2) -> MemoryEstimate:
+    """The frozen target: its layers up to ``layers_run`` (every MoE expert), embedding and head in
+    bf16; forward activations of the widest layer over ``token_budget`` tokens; the features of
+    ``queued_batches`` batches waiting to be sent (K feature layers + the one being built)."""
+    run = shape.with_layers_run(layers_run)
+    weights = run.params() * bytes_per_value
+    activations = token_budget * _widest(run) * bytes_per_value
+    features = (queued_batches + 1) * token_budget * num_feature_layers * shape.hidden_size * bytes_per_value
+    return MemoryEstimate(weights / _GIB, 0.0, activations / _GIB, features / _GIB)
+
+
+def trained_params(shape: DrafterShape) -> int:
+    """The drafter's trained weights: its layers and ``fc`` (the norms are negligible)."""
+    return sum(layer.token_params for layer in shape.layers) + len(shape.target_layer_ids) * shape.hidden_size ** 2
+
+
+def drafter_memory(shape: DrafterShape, token_budget: int, max_query_rows: int, queued_batches: int,
+                   bytes_per_value: int = 2, num_shards: int = 1, frozen_weights: bool = True) -> MemoryEstimate:
+    """The drafter: fp32 master weights and gradients and AdamW's two fp32 moments (16 bytes per trained
+    weight), each 1/``num_shards`` when sharded (then also two layers' bf16 weights gathered at a time);
+    the frozen embedding and head in bf16 (``frozen_weights``: not when a colocated target holds them);
+    activations kept for backward over ``max_query_rows`` block rows (each layer's linear inputs and outputs,
+    counted twice for the fp32 softmax/norm intermediates and the recomputed head chunks) and over the
+    ``token_budget`` context rows (features, ``fc`` output, each layer's k and v); received feature batches."""
+    hidden = shape.hidden_size
+    features_width = len(shape.target_layer_ids) * hidden
+    trained = trained_params(shape)
+    frozen = 2 * shape.vocab_size * hidden * bytes_per_value if frozen_weights else 0
+    gathered = 0
+    if num_shards > 1:
+        gathered = 2 * max(layer.token_params for layer in shape.layers) * bytes_per_value
+    per_row = 2 * sum(layer.token_params / hidden + 6 * hidden for layer in shape.layers) * bytes_per_value
+    per_context = (features_width + hidden + sum(layer.kv_width for layer in shape.layers)) * bytes_per_value
+    activations = max_query_rows * per_row + token_budget * per_context
+    features = queued_batches * token_budget * features_width * bytes_per_value
+    return MemoryEstimate((8 * trained / num_shards + frozen + gathered) / _GIB, 8 * trained / num_shards / _GIB,
+                          activations / _GIB, features / _GIB)
+
+
+@dataclass(frozen=True)
+class MemoryInputs:
+    """What the memory of a layout depends on besides its shape."""
+
+    target_shape: TargetShape
+    drafter_shape: DrafterShape
+    layers_run: int
+    num_feature_layers: int  # K (+1 with soft labels)
+    q_hs: int
+
+
+def split_memory(inputs: MemoryInputs, targets: int, drafters: int, budget: int, rows: int
+                 ) -> tuple[MemoryEstimate, MemoryEstimate]:
+    """(a target GPU's, a drafter GPU's) memory in a split."""
+    outbox = -(-inputs.q_hs // targets) + 1
+    target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, outbox)
+    drafter = drafter_memory(inputs.drafter_shape, budget, rows, 3, num_shards=drafters)
+    return target, drafter
+
+
+def colocated_memory(inputs: MemoryInputs, num_gpus: int, budget: int, rows: int) -> MemoryEstimate:
+    """A GPU's memory with its target (q_hs batches queued) and its drafter's shard (the target's embedding
+    and head shared)."""
+    target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, inputs.q_hs)
+    return target + drafter_memory(inputs.drafter_shape, budget, rows, 0, num_shards=num_gpus, frozen_weights=False)
+
+
+# ------------------------------------------------------------------------------------------ the plan
+@dataclass
+class Layout:
+    targets: int
+    drafters: int
+    colocated: bool
+    samples_s: float
+    ktok_s: float
+    fits: bool
+    token_budget: int
+    max_query_rows: int
+    memory_target: MemoryEstimate | None
+    memory_drafter: MemoryEstimate | None
+    waiting: str = ""
+
+    def name(self) -> str:
+        return f"{self.targets} x colocated" if self.colocated else f"{self.targets} targets + {self.drafters} drafters"
+
+    def flags(self, requested_rows: int) -> list[str]:
+        flags = ["--colocated"] if self.colocated else ["--targets", str(self.targets), "--drafters", str(self.drafters)]
+        flags += ["--token-budget", str(self.token_budget)]
+        if self.max_query_rows < requested_rows:
+            flags += ["--max-query-rows", str(self.max_query_rows)]
+        return flags
+
+    def to_record(self) -> dict:
+        def gib(m):
+            return None if m is None else round(m.total, 2)
+
+        memory = ({"target": gib(self.memory_target), "drafter": gib(self.memory_target)} if self.colocated
+                  else {"target": gib(self.memory_target), "drafter": gib(self.memory_drafter)})
+        return {"targets": self.targets, "drafters": self.drafters, "colocated": self.colocated,
+                "ktok_s": round(self.ktok_s, 3), "fits": self.fits, "token_budget": self.token_budget,
+                "max_query_rows": self.max_query_rows, "memory_gib": memory}
+
+
+def _largest(fits: Callable[[int], bool], upper: int, step: int, lower: int) -> int | None:
+    """The largest multiple of ``step`` in [lower, upper] (``upper`` itself first) for which ``fits`` holds."""
+    candidates = [upper] + list(range(upper - upper % step, lower - 1, -step))
+    return next((c for c in candidates if c >= lower and fits(c)), None)
+
+
+def plan_layouts(num_gpus: int, rates: RoleRates, hardware: Hardware, inputs: MemoryInputs, *, token_budget: int,
+                 max_query_rows: int, mean_length: float, passes_per_sample: Callable[[int], float],
+                 headroom_gib: float, min_budget: int) -> list[Layout]:
+    """Every layout of ``num_gpus`` GPUs at the largest budget and query rows that fit every GPU (up to the ones
+    asked), with its memory per GPU and its rate (``passes_per_sample(rows)``: a sharded drafter's passes, each
+    moving its state); best first, a layout that fits before one that does not."""
+    params = trained_params(inputs.drafter_shape)
+    limit = hardware.memory_gib - headroom_gib
+
+    def sized(memory_at: Callable[[int, int], float]) -> tuple[int, int] | None:
+        """The largest budget whose memory fits with the rows asked, or with fewer rows (at least a head chunk)."""
+        for budget in [token_budget] + list(range(token_budget - token_budget % 4096, min_budget - 1, -4096)):
+            if budget < min_budget:
+                continue
+            rows = _largest(lambda r: memory_at(budget, r) <= limit, max_query_rows, 1024, min(4096, max_query_rows))
+            if rows is not None:
+                return budget, rows
+        return None
+
+    def drafter_s(drafters: int, rows: int) -> float:
+        return drafter_seconds_per_sample(rates, drafters, params, passes_per_sample(rows), hardware)
+
+    layouts = []
+    for targets in range(1, num_gpus):
+        drafters = num_gpus - targets
+        size = sized(lambda b, r: max(m.total for m in split_memory(inputs, targets, drafters, b, r)))
+        budget, rows = size or (token_budget, max_query_rows)
+        split = next(s for s in splits(num_gpus, rates, lambda d: drafter_s(d, rows)) if s.targets == targets)
+        target, drafter = split_memory(inputs, targets, drafters, budget, rows)
+        wait = "balanced" if split.waiting_side == "none" else f"{split.waiting_side} idle {split.waiting_share:.0%}"
+        layouts.append(Layout(targets, drafters, False, split.samples_s, split.samples_s * mean_length / 1e3,
+                              size is not None, budget, rows, target, drafter, wait))
+    size = sized(lambda b, r: colocated_memory(inputs, num_gpus, b, r).total)
+    budget, rows = size or (token_budget, max_query_rows)
+    both = colocated_rate(num_gpus, rates, lambda d: drafter_s(d, rows))
+    layouts.append(Layout(num_gpus, num_gpus, True, both, both * mean_length / 1e3, size is not None, budget, rows,
+                          colocated_memory(inputs, num_gpus, budget, rows), None, "no side waits"))
+    return sorted(layouts, key=lambda layout: (not layout.fits, -layout.samples_s))
+
+
+def passes_per_sample(lengths: np.ndarray, max_anchors: int, block_size: int, max_query_rows: int) -> float:
+    """Drafter passes per sample: its block rows over the rows of one pass (a pass holds several samples)."""
+    return anchors_per_sample(lengths, max_anchors) * block_size / max_query_rows
+
+
+def target_share(model, config, device=None) -> float:
+    """The target's share of the time per sample on one GPU (the rates ``plan`` uses), for ``train``'s default
+    split of ``--gpus N`` without ``--targets``/``--drafters``."""
+    hardware = hardware_for(device)
+    rates = estimate_rates(model.target_shape, model.drafter_shape, reference_lengths(), config.data.max_anchors,
+                           hardware.peak_flops)
+    t, d = 1.0 / rates.target_samples_s, 1.0 / rates.drafter_samples_s
+    return t / (t + d)
+
+
+def hardware_for(device: torch.device | None, name: str | None = None, *, memory_gib: float | None = None,
+                 peak_tflops: float | None = None, link_gbs: float | None = None) -> Hardware:
+    """The GPU planned for: ``name``'s spec, else this device's, else (a CPU machine) an H200's; any figure
+    given overrides the spec's."""
+    from draftline.monitor.peak import gpu_spec
+
+    spec = gpu_spec(name) if name else None
+    if spec is None and name is None and device is not None and device.type == "cuda":
+        spec = gpu_spec(torch.cuda.get_device_name(device))
+    if spec is None and name is None and peak_tflops is None:
+        spec = gpu_spec("H200")
+    label = spec.name if spec is not None else (name or "the given GPU")
+    peak = peak_tflops * 1e12 if peak_tflops is not None else (spec.bf16_flops if spec else float("nan"))
+    memory = memory_gib if memory_gib is not None else (spec.memory_gib if spec else float("nan"))
+    link = link_gbs if link_gbs is not None else (spec.link_gbs if spec else 40.0)
+    source = "given" if link_gbs is not None else "assumed from the GPU's interconnect"
+    return Hardware(label, peak, memory, link, source)
+
+
+# ------------------------------------------------------------------------------------------ measuring
 def _batches(lengths: np.ndarray, budget: int, vocab: int, count: int, seed: int = 0) -> list[PackedBatch]:
     rng = np.random.default_rng(seed)
     out = []
@@ -164,70 +437,8 @@ def measure_rates(target, worker, lengths: np.ndarray, budget: int, device: torc
     return RoleRates(t_samples / t_wall, d_samples / d_wall, f"measured on {device}", t_peak, d_peak)
 
 
-# ---------------------------------------------------------------------------------------------
-# Memory
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class MemoryEstimate:
-    """One role's memory on one GPU, in GiB."""
-
-    weights: float
-    optimizer: float
-    activations: float
-    buffers: float
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.optimizer + self.activations + self.buffers
-
-    def describe(self) -> str:
-        return (f"{self.total:.1f} GiB (weights {self.weights:.1f}, optimizer {self.optimizer:.1f}, "
-                f"activations {self.activations:.1f}, queued features {self.buffers:.1f})")
-
-
-def _widest(shape: DecoderShape) -> float:
-    """Columns a token's row fans out to in the widest layer (projection outputs + inputs): about
-    its per-token weights over the width, plus a few residual-width tensors."""
-    return max(layer.token_params / shape.hidden_size for layer in shape.layers) + 4 * shape.hidden_size
-
-
-def target_memory(shape: DecoderShape, layers_run: int, token_budget: int, num_feature_layers: int,
-                  queued_batches: int, bytes_per_value: int = 2) -> MemoryEstimate:
-    """The frozen target: its layers up to ``layers_run`` (every MoE expert), embedding and head in
-    bf16; forward activations of the widest layer over ``token_budget`` tokens; the features of
-    ``queued_batches`` batches waiting to be sent (K feature layers + the one being built)."""
-    run = shape.with_layers_run(layers_run)
-    weights = run.params() * bytes_per_value
-    activations = token_budget * _widest(run) * bytes_per_value
-    features = (queued_batches + 1) * token_budget * num_feature_layers * shape.hidden_size * bytes_per_value
-    return MemoryEstimate(weights / _GIB, 0.0, activations / _GIB, features / _GIB)
-
-
-def drafter_memory(shape: DrafterShape, token_budget: int, max_query_rows: int, queued_batches: int,
-                   bytes_per_value: int = 2) -> MemoryEstimate:
-    """The drafter: fp32 master weights and gradients, AdamW's two fp32 moments (16 bytes per
-    trained weight), the frozen embedding and head in bf16; activations kept for backward over
-    ``max_query_rows`` block rows (each layer's linear inputs and outputs, counted twice for the
-    fp32 softmax/norm intermediates and the recomputed head chunks) and over the ``token_budget``
-    context rows (features, ``fc`` output, each layer's k and v); received feature batches."""
-    hidden = shape.hidden_size
-    features_width = len(shape.target_layer_ids) * hidden
-    trained = sum(layer.token_params for layer in shape.layers) + features_width * hidden
-    frozen = 2 * shape.vocab_size * hidden * bytes_per_value
-    per_row = 2 * sum(layer.token_params / hidden + 6 * hidden for layer in shape.layers) * bytes_per_value
-    per_context = (features_width + hidden + sum(layer.kv_width for layer in shape.layers)) * bytes_per_value
-    activations = max_query_rows * per_row + token_budget * per_context
-    features = queued_batches * token_budget * features_width * bytes_per_value
-    return MemoryEstimate((8 * trained + frozen) / _GIB, 8 * trained / _GIB, activations / _GIB, features / _GIB)
-
-
-def largest_budget(fits: Callable[[int], bool], upper: int = 131072, step: int = 4096) -> int | None:
-    """The largest multiple of ``step`` up to ``upper`` for which ``fits`` holds (memory grows with it)."""
-    best = None
-    for budget in range(step, upper + 1, step):
-        if not fits(budget):
-            break
-        best = budget
-    return best
+def with_anchors(rates: RoleRates, target_shape, drafter_shape, lengths, anchors_from: int, anchors_to: int) -> RoleRates:
+    """``rates`` at another number of anchors: the drafter's time scales with its FLOPs, the target's stays."""
+    _, before = per_sample_flops(target_shape, drafter_shape, lengths, anchors_from)
+    _, after = per_sample_flops(target_shape, drafter_shape, lengths, anchors_to)
+    return replace(rates, drafter_samples_s=rates.drafter_samples_s * before / after)
