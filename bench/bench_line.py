@@ -322,6 +322,7 @@ def main() -> int:
     parser.add_argument("--line-free-target-disk", action="store_true",
                         help="delete the saved target weights once the line has loaded them (disk for the checkpoint)")
     parser.add_argument("--workdir", help="where --line keeps its target and data (reused if present)")
+    parser.add_argument("--line-args", default="", help="more `draftline train` flags for --line, e.g. '--gpu-memory-gib 96'")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     args = parser.parse_args()
     if args.flex_options:

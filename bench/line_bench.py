@@ -124,12 +124,13 @@ def _when_started(metrics: Path, action, stop: threading.Event) -> threading.Thr
 
 
 def _drafter_checkpoint_bytes(shape: str) -> int:
-    """Disk for the final checkpoint and export: fp32 weights + AdamW state + a bf16 copy (14 B/parameter)."""
+    """Disk for the final checkpoint and export: fp32 weights twice (drafter/ and state/), the AdamW state, a bf16
+    copy (18 B/parameter)."""
     from draftline.model.config import build_drafter_config
 
     with torch.device("meta"):
         drafter = DFlashDrafter(build_drafter_config(target_config(shape)))
-    return 14 * sum(p.numel() for p in drafter.parameters())
+    return 18 * sum(p.numel() for p in drafter.parameters())
 
 
 def bench_line(args, device, rows, peak, spec_flops: float):
@@ -143,7 +144,7 @@ def bench_line(args, device, rows, peak, spec_flops: float):
             "--token-budget", str(args.budget), "--max-steps", str(args.line_steps), "--epochs", "1",
             "--log-every", str(args.line_log_every), "--save-every", "100000", "--save-every-minutes", "0",
             "--no-tensorboard", "--q-hs", "2", "--max-query-rows", str(args.max_query_rows)] + (
-                ["--no-compile"] if args.no_compile else [])
+                ["--no-compile"] if args.no_compile else []) + args.line_args.split()
     attempts, suggested = [], []
     for attempt in range(1 + args.line_retries):
         out = work / f"run-{attempt}"

@@ -183,6 +183,9 @@ class EngineConfig:
     """Run each role's worst-case batch before training and refuse a configuration that would run out of memory."""
     memory_headroom_gib: float = 2.0
     """GPU memory kept free by preflight (allocator fragmentation, library updates)."""
+    gpu_memory_gib: float | None = None
+    """Use at most this many GiB of each GPU (torch.cuda.set_per_process_memory_fraction): to share a GPU with
+    other work, or to try a smaller GPU's sizes on a larger one; None = all of it."""
     trace: bool = False
     """Write RUN_DIR/trace/: each step's loss, and the batches and samples each drafter trained (audits, tests)."""
 
@@ -419,6 +422,8 @@ def validate(config: TrainConfig) -> None:
     if e.max_query_rows < (m.block_size or 2):
         raise DraftlineError(f"engine.max_query_rows={e.max_query_rows} must hold at least one block ({m.block_size} rows)")
     _positive(e.head_chunk_rows, "engine.head_chunk_rows")
+    if e.gpu_memory_gib is not None:
+        _positive(e.gpu_memory_gib, "engine.gpu_memory_gib (--gpu-memory-gib)")
 
 
 def grad_accum_batches(config: TrainConfig, num_drafters: int = 1) -> int:

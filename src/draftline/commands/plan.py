@@ -114,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
     model = _model(args)
     lengths = _lengths(args)
     num_gpus = args.gpus or (torch.cuda.device_count() if torch.cuda.is_available() else 8)
-    if num_gpus < 2:
-        raise DraftlineError("with one GPU, target and drafter share it (colocated): nothing to split; pass --gpus N >= 2")
+    if num_gpus < 1:
+        raise DraftlineError("--gpus must be at least 1")
     if args.gpu and args.gpu_memory_gib is None and args.gpu_peak_tflops is None:
         from draftline.monitor.peak import gpu_spec
 
@@ -170,7 +170,11 @@ def run(args: argparse.Namespace) -> int:
               "more GPUs for the drafters (their state is sharded), GPUs with more memory, or fewer --draft-layers")
         record["recommended"] = None
     else:
-        command = ["draftline", "train", "--gpus", str(num_gpus), *best.flags(args.max_query_rows),
+        launch = ["--gpus", str(num_gpus)] if num_gpus > 1 else []
+        flags = best.flags(args.max_query_rows)
+        if num_gpus == 1:
+            flags.remove("--colocated")  # one process is colocated anyway
+        command = ["draftline", "train", *launch, *flags,
                    "--max-anchors", str(args.max_anchors), "--target", str(args.target), "--data", "DATA", "--out", "RUN"]
         print(f"\nrecommended: {best.name()} at {best.ktok_s:.1f} Ktok/s ({best.samples_s:.2f} samples/s):\n  "
               + " ".join(command))

@@ -79,6 +79,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--no-compile": ("engine", "compile"),
     "--no-preflight": ("engine", "preflight"),
     "--memory-headroom-gib": ("engine", "memory_headroom_gib"),
+    "--gpu-memory-gib": ("engine", "gpu_memory_gib"),
     "--trace": ("engine", "trace"),
 }
 _OFF_SWITCHES = {"--no-tensorboard", "--no-preflight", "--no-compile", "--no-balance-steps", "--random-init"}  # these turn a default-on bool field off
