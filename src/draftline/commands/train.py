@@ -209,7 +209,9 @@ def _name_failed_rank(run_dir: Path, rank: int, failure, started: float) -> str:
         written = False
     if written:  # a rank's watchdog named the culprit; it may have stopped the others before torchrun saw it
         return json.loads(failure_json.read_text())["message"]
-    if run_dir.is_dir() and not written:
+    from draftline.pipeline.rundir import live_owner
+
+    if run_dir.is_dir() and not written and live_owner(run_dir) is None:  # not into another live run's directory
         failure_json.write_text(json.dumps({"time": time.time(), "message": message, "step": None,
                                             "checkpoint": None}, indent=2) + "\n")
     return message
@@ -241,6 +243,9 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     validate(config)
     if args.gpus and args.gpus > 1 and "LOCAL_RANK" not in os.environ:
+        from draftline.pipeline.rundir import check_run_dir_free
+
+        check_run_dir_free(config.out)  # refused before any rank starts; rank 0 takes the lock itself
         return _launch(args, list(getattr(args, "argv", sys.argv[2:])), config.out, config.topology.device)
     _die_with_launcher()
     return run_training(config)
