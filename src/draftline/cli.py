@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from draftline.errors import DraftlineError
@@ -52,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     except DraftlineError as exc:
         print(f"draftline {name}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # SIGINT (or, for train, SIGTERM) before anything was saved
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"\ndraftline {name}: stopped by {signal.Signals(signum).name}"
+              + (" before training began: nothing was saved" if name == "train" else ""), file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

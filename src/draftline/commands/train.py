@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import types
@@ -155,12 +156,32 @@ def _cpu_launch_env(device: str) -> None:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def threads_per_rank(num_processes: int) -> int:
+    """OpenMP threads of each of ``num_processes`` ranks on this node: its cores shared out, so the
+    ranks do not oversubscribe them (torchrun would set 1, and print a banner saying so)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, num_processes))
+
+
+def _launch_env(device: str, num_processes: int) -> None:
+    """The environment the launched ranks inherit; a variable the user set stays."""
+    _cpu_launch_env(device)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(num_processes)))
+    # On SIGINT/SIGTERM torchrun passes the signal on and waits this long before it kills the ranks:
+    # long enough for the step in flight and the stop's checkpoint (torchrun's default is 30 s).
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
+
+
 def _launch(args: argparse.Namespace, argv: list[str], out: str, device: str) -> int:
     """Re-run this command under torchrun with ``args.gpus`` local processes."""
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    _cpu_launch_env(device)
+    _launch_env(device, args.gpus)
 
     rest, skip = [], False
     for item in argv:
@@ -184,7 +205,42 @@ def _launch(args: argparse.Namespace, argv: list[str], out: str, device: str) ->
         culprit = _name_failed_rank(Path(out), rank, first, started)
         print(f"draftline: the run failed: {culprit} (see the ranks' messages above)", file=sys.stderr)
         return code if code and code > 0 else 1
+    except SignalException as exc:  # torchrun passed the signal to the ranks and waited for them
+        return _stopped(Path(out), exc.sigval, started)
     return 0
+
+
+def _stopped(run_dir: Path, signum: int, started: float) -> int:
+    """The exit code of a launch stopped by a signal, from how its ranks ended: the logging rank's
+    end record in RUN_DIR/metrics.jsonl (its message, with the checkpoint, is above)."""
+    end = _last_end_record(run_dir / "metrics.jsonl", started)
+    if end is not None and end.get("status") in ("stopped", "finished"):
+        return 0
+    if end is not None and end.get("status") == "failed":
+        return 1
+    name = signal.Signals(signum).name
+    print(f"draftline: stopped by {name} before the run saved a checkpoint of its stop; --resume continues "
+          "from the latest checkpoint, if there is one", file=sys.stderr)
+    return 128 + int(signum)
+
+
+def _last_end_record(path: Path, since: float) -> dict | None:
+    """The last ``kind: "end"`` record written at or after ``since`` (read from the file's tail)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("kind") == "end" and record.get("time", 0) >= since:
+            return record
+    return None
 
 
 def _name_failed_rank(run_dir: Path, rank: int, failure, started: float) -> str:
@@ -237,6 +293,9 @@ def _die_with_launcher() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from draftline.pipeline.signals import interrupt_until_training
+
+    interrupt_until_training()  # a stop before the line handles signals: a message, not a traceback
     from draftline.config import validate
     from draftline.pipeline.run import run_training
 
