@@ -40,14 +40,14 @@ from draftline.pipeline.plan import (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="the target model directory (only its config.json is read)")
     parser.add_argument("--data", help="a prepared dataset (its lengths); default: log-normal around --mean-length")
-    parser.add_argument("--mean-length", type=int, default=2826, help="mean sample length without --data")
+    parser.add_argument("--mean-length", type=int, default=2826, help="without --data: the mean sample length in tokens of the assumed length mix (default 2826)")
     parser.add_argument("--gpus", type=int, help="GPUs to split (default: this node's count, else 8)")
     parser.add_argument("--gpu", help='plan for this GPU (its spec: peak and memory), e.g. "H200", "RTX PRO 6000"')
     parser.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU (default: --gpu's, else this one's)")
     parser.add_argument("--gpu-peak-tflops", type=float,
                         help="dense bf16 peak of one GPU in TFLOP/s (default: --gpu's spec, else this one's)")
-    parser.add_argument("--target-mfu", type=float, default=TARGET_MFU, help="assumed MFU of the target's pass")
-    parser.add_argument("--drafter-mfu", type=float, default=DRAFTER_MFU, help="assumed MFU of the drafter's step")
+    parser.add_argument("--target-mfu", type=float, default=TARGET_MFU, help="assumed MFU (0..1 of the spec peak) of the target's pass, without --measure; 0.40 is what it reaches on an H200")
+    parser.add_argument("--drafter-mfu", type=float, default=DRAFTER_MFU, help="assumed MFU (0..1 of the spec peak) of the drafter's step, without --measure; 0.32 is what it reaches on an H200")
     parser.add_argument("--token-budget", type=int, default=32768)
     parser.add_argument("--draft-layers", type=int, default=5)
     parser.add_argument("--block-size", type=int, default=16)

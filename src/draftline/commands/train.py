@@ -36,6 +36,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--max-batch-size": ("data", "max_batch_size"),
     "--max-anchors": ("data", "max_anchors"),
     "--max-length": ("data", "max_length"),
+    "--sort-window": ("data", "sort_window"),
     "--epochs": ("data", "epochs"),
     "--seed": ("data", "seed"),
     "--no-balance-steps": ("data", "balance_steps"),
@@ -43,12 +44,14 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--min-lr-ratio": ("optim", "min_lr_ratio"),
     "--warmup-ratio": ("optim", "warmup_ratio"),
     "--weight-decay": ("optim", "weight_decay"),
+    "--betas": ("optim", "betas"),
     "--grad-clip": ("optim", "grad_clip"),
     "--grad-accum": ("optim", "grad_accum"),
     "--loss-gamma": ("optim", "loss_gamma"),
     "--distill": ("optim", "distill"),
     "--global-batch-tokens": ("optim", "global_batch_tokens"),
     "--max-steps": ("optim", "max_steps"),
+    "--max-bad-steps": ("optim", "max_bad_steps"),
     "--targets": ("topology", "targets"),
     "--drafters": ("topology", "drafters"),
     "--colocated": ("topology", "colocated"),
@@ -84,20 +87,61 @@ _FLAGS: dict[str, tuple[str, str]] = {
 _OFF_SWITCHES = {"--no-tensorboard", "--no-preflight", "--no-compile", "--no-balance-steps"}  # these turn a default-on bool field off
 
 
-def _help(section: str, name: str) -> str:
+# What a flag's value is, in its usage line: the unit where there is one, else the kind of value.
+_METAVARS = {
+    "--target": "DIR", "--init-drafter": "DIR", "--eval-prompts": "FILE", "--wandb-project": "NAME",
+    "--dtype": "{auto,bfloat16,float32}", "--device": "{auto,cuda,cpu}", "--attention": "{auto,flex,flash,dense}",
+    "--layer-types": "TYPE,TYPE,...", "--target-layer-ids": "ID,ID,...", "--betas": "BETA1,BETA2",
+    "--token-budget": "TOKENS", "--global-batch-tokens": "TOKENS", "--max-length": "TOKENS",
+    "--sliding-window": "TOKENS", "--mask-token-id": "TOKEN_ID", "--eval-max-new-tokens": "TOKENS",
+    "--eval-final-max-new-tokens": "TOKENS", "--max-anchors": "ANCHORS", "--max-batch-size": "DOCS",
+    "--sort-window": "SAMPLES", "--max-steps": "STEPS", "--max-bad-steps": "STEPS", "--save-every": "STEPS",
+    "--eval-every": "STEPS", "--save-every-minutes": "MINUTES", "--log-every": "SECONDS",
+    "--failure-timeout": "SECONDS", "--peak-tflops": "TFLOPS", "--memory-headroom-gib": "GIB",
+    "--head-chunk-rows": "ROWS", "--max-query-rows": "ROWS", "--q-pre": "BATCHES", "--q-hs": "BATCHES",
+    "--grad-accum": "BATCHES", "--eval-num-prompts": "PROMPTS", "--eval-final-num-prompts": "PROMPTS",
+    "--targets": "RANKS", "--drafters": "RANKS", "--draft-layers": "LAYERS", "--block-size": "TOKENS",
+    "--epochs": "EPOCHS", "--keep": "CHECKPOINTS", "--lr": "LR", "--min-lr-ratio": "RATIO",
+    "--warmup-ratio": "RATIO", "--distill": "WEIGHT", "--loss-gamma": "POSITIONS", "--grad-clip": "NORM",
+    "--weight-decay": "X", "--seed": "N",
+}
+
+
+def _section_class(section: str) -> type:
+    return type(getattr(TrainConfig(), section))
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%%")  # argparse formats help strings with %
+
+
+def _help(flag: str, section: str, name: str) -> str:
+    """The field's own docstring (draftline.config), then where it lives in a config file and its default."""
+    from draftline.config_docs import field_docs
+
     default = getattr(getattr(TrainConfig(), section), name)
-    return f"{section}.{name} (default {default!r})"
+    doc = field_docs(_section_class(section)).get(name, "")
+    if flag in _OFF_SWITCHES:
+        where = f"[{section}] {name} = false; default: on"
+    elif isinstance(default, bool):
+        where = f"[{section}] {name} = true; default: off"
+    elif default in ("", []):
+        where = f"[{section}] {name}"
+    else:
+        shown = "none" if default is None else ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        where = f"[{section}] {name}; default: {shown}"
+    return _escape(f"{doc} ({where})" if doc else f"({where})")
 
 
 def _flag_type(section: str, name: str):
     """The argparse type of a field's flag, from its annotation (``X | None`` as ``X``)."""
-    hint = field_types(type(getattr(TrainConfig(), section)))[name]
+    hint = field_types(_section_class(section))[name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
         hint = args[0]
     if hint is bool:
         return bool
-    if typing.get_origin(hint) is list:
+    if typing.get_origin(hint) in (list, tuple):  # a tuple's length is checked with the config's other checks
         item = typing.get_args(hint)[0]
 
         def comma_list(text: str) -> list:
@@ -112,21 +156,62 @@ def _flag_type(section: str, name: str):
     return hint
 
 
+def _metavar(flag: str, kind) -> str:
+    if flag in _METAVARS:
+        return _METAVARS[flag]
+    return {int: "N", float: "X", str: "VALUE"}.get(kind, "A,B,...")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="a TOML or JSON file with [model], [data], [optim], ... sections; flags override it")
-    parser.add_argument("--out", help="run directory (checkpoints, metrics.jsonl, tensorboard/, final/)")
-    parser.add_argument("--data", nargs="+", help="a prepared dataset directory (written by `draftline prepare`)")
-    parser.add_argument("--gpus", "--nproc", dest="gpus", type=int,
-                        help="launch this many processes on this node with torchrun (one per GPU; with --device cpu, CPU processes)")
-    parser.add_argument("--max-restarts", type=int, default=0, help="with --gpus: torchrun restarts after a failure (each resumes)")
+    """Options grouped by config section, each explained by its field's docstring in draftline.config."""
+    from draftline.config_docs import field_docs, section_doc
+
+    parser.description = (
+        "Train a DFlash drafter: targets -> hidden-state queue -> drafters. Every option below is also a field "
+        "of a TOML or JSON config file (--config; the flag overrides the file), shown after its text as "
+        "[section] field."
+    )
+    run_group = parser.add_argument_group("run", "The config file and the run directory.")
+    run_group.add_argument("--config", metavar="FILE",
+                           help="a TOML or JSON file with [model], [data], [optim], ... sections (the fields "
+                                "below); flags given as well override it")
+    run_group.add_argument("--out", metavar="DIR", help=_escape(f"{field_docs(TrainConfig)['out']} (out, at the "
+                                                                "top of a config file)"))
+    groups = {}
+    for section in ("model", "data", "optim", "topology", "checkpoint", "monitor", "engine"):
+        about = section_doc(_section_class(section)).removeprefix(f"[{section}]").strip()
+        groups[section] = parser.add_argument_group(f"[{section}]", _escape(about))
+    groups["data"].add_argument("--data", nargs="+", metavar="DIR", help=_help("--data", "data", "data"))
+    topology = groups["topology"]
+    topology.add_argument("--gpus", "--nproc", dest="gpus", type=int, metavar="N", help=_help("--gpus", "topology", "gpus"))
+    topology.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                          help="with --gpus: times torchrun restarts the whole job after a rank fails; each restart "
+                               "resumes from the latest checkpoint (a command-line option only; default: 0)")
     for flag, (section, name) in _FLAGS.items():
         kind = _flag_type(section, name)
+        group = groups[section]
         if flag in _OFF_SWITCHES:
-            parser.add_argument(flag, action="store_false", default=None, help=f"turn off {_help(section, name)}")
+            group.add_argument(flag, action="store_false", default=None, help=_help(flag, section, name))
         elif kind is bool:
-            parser.add_argument(flag, action="store_true", default=None, help=_help(section, name))
+            group.add_argument(flag, action="store_true", default=None, help=_help(flag, section, name))
         else:
-            parser.add_argument(flag, type=kind, help=_help(section, name))
+            group.add_argument(flag, type=kind, metavar=_metavar(flag, kind), help=_help(flag, section, name))
+
+
+def explain_like_train(parser: argparse.ArgumentParser) -> None:
+    """Give an option of another command that has no help of its own, and is also a ``train`` option
+    (plan's --token-budget, --max-anchors, ...), train's explanation: one source for what it means."""
+    for action in parser._actions:
+        flag = next((o for o in action.option_strings if o in _FLAGS), None)
+        if action.help is None and flag is not None:
+            section, name = _FLAGS[flag]
+            from draftline.config_docs import field_docs
+
+            doc = field_docs(_section_class(section)).get(name)
+            if doc:
+                action.help = _escape(doc) + " (as in train; default: %(default)s)"
+            if action.metavar is None and action.nargs is None and action.type is not None:
+                action.metavar = _METAVARS.get(flag)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -138,6 +223,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             overrides.setdefault(section, {})[name] = value
+    if args.gpus is not None:
+        overrides.setdefault("topology", {})["gpus"] = args.gpus
     if args.data:
         overrides.setdefault("data", {})["data"] = list(args.data)
     if args.out:
@@ -175,13 +262,14 @@ def _launch_env(device: str, num_processes: int) -> None:
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
 
 
-def _launch(args: argparse.Namespace, argv: list[str], out: str, device: str) -> int:
-    """Re-run this command under torchrun with ``args.gpus`` local processes."""
+def _launch(gpus: int, max_restarts: int, argv: list[str], out: str, device: str) -> int:
+    """Re-run this command under torchrun with ``gpus`` local processes (a config file's
+    topology.gpus reaches the ranks too; they run under torchrun, so they do not launch again)."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    _launch_env(device, args.gpus)
+    _launch_env(device, gpus)
 
     rest, skip = [], False
     for item in argv:
@@ -194,7 +282,7 @@ def _launch(args: argparse.Namespace, argv: list[str], out: str, device: str) ->
         if item.startswith(("--gpus=", "--nproc=", "--max-restarts=")):
             continue
         rest.append(item)
-    torchrun_args = ["--standalone", f"--nproc-per-node={args.gpus}", f"--max-restarts={args.max_restarts}",
+    torchrun_args = ["--standalone", f"--nproc-per-node={gpus}", f"--max-restarts={max_restarts}",
                      "-m", "draftline", "train", *rest]
     started = time.time()
     try:
@@ -297,14 +385,22 @@ def run(args: argparse.Namespace) -> int:
 
     interrupt_until_training()  # a stop before the line handles signals: a message, not a traceback
     from draftline.config import validate
+    from draftline.errors import DraftlineError
     from draftline.pipeline.run import run_training
 
     config = config_from_args(args)
     validate(config)
-    if args.gpus and args.gpus > 1 and "LOCAL_RANK" not in os.environ:
+    gpus = config.topology.gpus  # --gpus, or topology.gpus of a config file
+    if args.max_restarts < 0:
+        raise DraftlineError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.max_restarts and not (gpus and gpus > 1 and "LOCAL_RANK" not in os.environ):
+        raise DraftlineError("--max-restarts needs --gpus N (or topology.gpus) > 1: it is torchrun's restart count; "
+                             "a job started by torchrun itself takes torchrun's own --max-restarts")
+    if gpus and gpus > 1 and "LOCAL_RANK" not in os.environ:
         from draftline.pipeline.rundir import check_run_dir_free
 
         check_run_dir_free(config.out)  # refused before any rank starts; rank 0 takes the lock itself
-        return _launch(args, list(getattr(args, "argv", sys.argv[2:])), config.out, config.topology.device)
+        return _launch(gpus, args.max_restarts, list(getattr(args, "argv", sys.argv[2:])), config.out,
+                       config.topology.device)
     _die_with_launcher()
     return run_training(config)
