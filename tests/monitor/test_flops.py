@@ -154,7 +154,8 @@ def test_cpu_peak_is_quick():
     start = time.perf_counter()
     peak = resolve_peak("cpu")
     assert time.perf_counter() - start < 1.5
-    assert peak.flops > 1e8 and "measured here: CPU" in peak.describe()
+    assert peak.flops > 1e8 and "measured here" in peak.describe()
+    assert not peak.for_mfu and peak.describe().startswith("no MFU")  # too unsteady to quote MFU against
     assert measure_peak_flops("cpu") > 1e8
 
 
