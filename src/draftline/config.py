@@ -450,6 +450,12 @@ def validate(config: TrainConfig) -> None:
     if not 0 <= o.min_lr_ratio <= 1:
         raise DraftlineError(f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio}")
     _positive(o.grad_accum, "optim.grad_accum (--grad-accum)")
+    if o.global_batch_tokens is not None:
+        _positive(o.global_batch_tokens, "optim.global_batch_tokens (--global-batch-tokens)")
+        if o.grad_accum != 1:
+            raise DraftlineError(
+                f"optim.global_batch_tokens (--global-batch-tokens {o.global_batch_tokens}) and optim.grad_accum "
+                f"(--grad-accum {o.grad_accum}) both set the batches of an optimizer step; pick one")
     if o.loss_gamma is not None:
         _positive(o.loss_gamma, "optim.loss_gamma (--loss-gamma)")
     if not 0.0 <= o.distill <= 1.0:
