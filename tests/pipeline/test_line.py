@@ -147,6 +147,7 @@ def test_report_renders_from_a_real_run(colocated):
     assert f"Status: **finished**, step {total} of {total}" in summary
     assert "- colocated: True" in summary and "- world_size: 1" in summary
     assert "| epochs trained | 2.00 of 2 |" in summary and "| GPU-hours | n/a (CPU run) |" in summary
+    assert "Ktok/s (no MFU: CPU) |" in summary
 
 
 def test_soft_labels_through_the_line_match_the_single_process(qwen3_target, line_data, tmp_path):

@@ -288,7 +288,8 @@ def summary_markdown(run_dir: Path, log: RunLog, report: Report) -> str:
            if evals else "n/a (no eval records) |"),
         "| teacher-forced acceptance (uniform anchors; overstates tau) | "
         f"{_fmt(_first(log.last('train', 'tf_acceptance'), log.last('train', 'expected_acceptance')))} |",
-        f"| throughput (last) | {_fmt(log.last('train', 'ktok_s'))} Ktok/s, MFU {_percent(log.last('train', 'mfu'))} |",
+        f"| throughput (last) | {_fmt(log.last('train', 'ktok_s'))} Ktok/s"
+        + (f", MFU {_percent(log.last('train', 'mfu'))} |" if log.last("train", "mfu") is not None else " (no MFU: CPU) |"),
         f"| wall time | {_duration(wall_s)} |",
         f"| GPU-hours | {f'{gpu_hours:.2f}' if any_gpu else 'n/a (CPU run)'} |",
         "",
