@@ -16,7 +16,6 @@ from draftline.monitor.flops import (
     FULL,
     SLIDING,
     DrafterShape,
-    PeakFlops,
     TargetShape,
     attention_flops,
     drafter_flops,

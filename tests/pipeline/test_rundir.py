@@ -16,7 +16,7 @@ import pytest
 
 from draftline.errors import DraftlineError
 from draftline.pipeline import rundir
-from line_helpers import ENV, base_args, read_jsonl, run, start, wait_until
+from line_helpers import base_args, read_jsonl, run, start, wait_until
 
 
 @pytest.fixture(autouse=True)
