@@ -12,6 +12,7 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
 from helpers import make_llama_target, make_qwen3_target  # noqa: E402
+from line_helpers import write_dataset  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +23,12 @@ def qwen3_target(tmp_path_factory):
 @pytest.fixture(scope="session")
 def llama_target(tmp_path_factory):
     return make_llama_target(tmp_path_factory.mktemp("llama_target"))
+
+
+@pytest.fixture(scope="session")
+def line_data(tmp_path_factory):
+    """A small prepared dataset with learnable text, for runs of the training line."""
+    return write_dataset(tmp_path_factory.mktemp("line_data") / "data")
 
 
 def pytest_collection_modifyitems(config, items):

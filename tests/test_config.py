@@ -188,3 +188,22 @@ def test_final_acceptance_settings_flags_defaults_and_checks():
     config.monitor.eval_final_num_prompts = 0
     with pytest.raises(DraftlineError, match="eval_final_num_prompts"):
         validate(config)
+
+
+def test_grad_accum_and_global_batch_tokens_together_are_refused():
+    """Both set the batches of a step; before, --grad-accum was silently ignored."""
+    import pytest
+
+    from draftline.config import validate
+    from draftline.errors import DraftlineError
+
+    config = TrainConfig(out="o")
+    config.model.target, config.data.data = "t", ["d"]
+    config.optim.global_batch_tokens, config.optim.grad_accum = 65536, 2
+    with pytest.raises(DraftlineError, match="both set the batches of an optimizer step; pick one"):
+        validate(config)
+    config.optim.grad_accum = 1
+    validate(config)
+    config.optim.global_batch_tokens = 0
+    with pytest.raises(DraftlineError, match="global_batch_tokens"):
+        validate(config)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from draftline.errors import DraftlineError
@@ -33,6 +34,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_parser(name: str):
+    """``(module, parser)`` of one command: the module's own options; one it leaves unexplained that
+    is also a ``train`` option gets train's explanation (one source for what an option means)."""
+    from draftline.commands.train import explain_like_train
+
+    module = importlib.import_module(f"draftline.commands.{COMMANDS[name][0]}")
+    parser = argparse.ArgumentParser(prog=f"draftline {name}", description=COMMANDS[name][1])
+    module.add_arguments(parser)
+    explain_like_train(parser)
+    return module, parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
@@ -42,9 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if argv else 2
     name = argv[0]
-    module = importlib.import_module(f"draftline.commands.{COMMANDS[name][0]}")
-    parser = argparse.ArgumentParser(prog=f"draftline {name}", description=COMMANDS[name][1])
-    module.add_arguments(parser)
+    module, parser = command_parser(name)
     args = parser.parse_args(argv[1:])
     args.argv = argv[1:]  # the command's own arguments, for commands that re-launch themselves
     try:
@@ -52,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     except DraftlineError as exc:
         print(f"draftline {name}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # SIGINT (or, for train, SIGTERM) before anything was saved
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"\ndraftline {name}: stopped by {signal.Signals(signum).name}"
+              + (" before training began: nothing was saved" if name == "train" else ""), file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

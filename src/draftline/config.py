@@ -22,136 +22,194 @@ from draftline.errors import DraftlineError
 
 @dataclass
 class ModelConfig:
+    """[model] The frozen target, the drafter's shape and where its weights start."""
+
     target: str = ""
-    """Hugging Face model directory of the frozen target."""
+    """Directory of the frozen target (Hugging Face format: config.json, weights, tokenizer). Required."""
     draft_layers: int | None = None
-    """Decoder layers in the drafter; None = 5 (or, with init_drafter, that drafter's)."""
+    """Decoder layers of the drafter (the released DFlash drafters have 5; None = 5, or with init_drafter that
+    drafter's). More layers draft better and cost proportionally more drafter compute and memory; fewer suit a
+    small target or little data."""
     block_size: int | None = None
-    """Tokens per block: the anchor plus block_size - 1 draft slots; None = 16 (or, with init_drafter, that drafter's)."""
+    """Tokens per draft block: the anchor plus block_size - 1 drafted positions (None = 16 as released, or with
+    init_drafter that drafter's; the paper also trains 8 and 10). Serving drafts this many tokens per step:
+    train the size you serve."""
     target_layer_ids: list[int] | None = None
-    """Target layers whose outputs feed the drafter; None = the z-lab rule for draft_layers."""
+    """Target layers (0-based; their outputs) whose hidden states feed the drafter, comma-separated.
+    None = the z-lab rule for draft_layers features spread over the target (needs >= 5 target layers);
+    set it for a shallow target or to follow a released drafter."""
     mask_token_id: int | None = None
-    """Embedding row used as the mask token; None = the target's reserved mask (Qwen3) or last row."""
+    """Embedding row (token id) the drafter reads as the mask of positions it drafts. None = the
+    target's reserved mask token (Qwen3, Qwen3.5) or else its last vocabulary row; set it to match a
+    drafter you continue or serve with a given id."""
     sliding_window: int | None = None
-    """Window of sliding_attention layers (with layer_types)."""
+    """Window, in tokens, of the drafter's sliding_attention layers; needed when layer_types names
+    one. None = 2048 for a Qwen3.5/3.6 hybrid target's default layer types."""
     layer_types: list[str] | None = None
-    """Per drafter layer: 'full_attention' (default) or 'sliding_attention'."""
+    """Attention of each drafter layer, comma-separated: full_attention or sliding_attention (one per
+    layer). None = all full, except for Qwen3.5/3.6 hybrid targets (sliding x4 + full, as released)."""
     init_drafter: str | None = None
-    """Warm start: a drafter directory (e.g. a released z-lab drafter) to start from."""
+    """Warm start: a drafter directory (e.g. a released z-lab drafter) whose config and weights the
+    run starts from, to adapt a drafter to your data instead of training one from random weights. Its shape is
+    the drafter's: --draft-layers, --block-size and the like that differ from it are refused."""
     init_from_target: bool | None = None
-    """Start the drafter from the target's top layers: every tensor whose name and shape match (MLP, norms;
-    an attention block only whole), the final norm, fc passing the deepest feature layer through.
-    None = yes (unless init_drafter); False (--random-init) = random normal(0, 0.02) weights."""
+    """Start the drafter from the target's top layers: every part whose names and shapes match (MLP, norms; an
+    attention block only whole), the final norm, fc passing the deepest feature layer through. None = yes
+    (unless init_drafter); False (--random-init) = random normal(0, 0.02) weights. From the target trains
+    faster: +21-26% acceptance at equal compute in bench/quality.py's comparison."""
     dtype: str = "auto"
-    """Compute dtype: 'auto' (bf16 on GPU, fp32 on CPU), 'bfloat16' or 'float32'. Master weights stay fp32."""
+    """Compute dtype: auto (bfloat16 on GPU, float32 on CPU), bfloat16 or float32. Master weights and
+    optimizer state stay float32 either way; float32 on GPU only to check numerics (slower)."""
 
 
 @dataclass
 class DataConfig:
+    """[data] The prepared dataset, how it is packed into batches, and how long training lasts."""
+
     data: list[str] = field(default_factory=list)
-    """A prepared dataset directory, or input files that `prepare` accepts (prepared into the run dir)."""
+    """The dataset directory written by `draftline prepare` (train prints the prepare command for
+    anything else). Required."""
     token_budget: int = 32768
-    """Tokens packed into one batch (whole documents, no padding)."""
+    """Tokens packed into one batch (whole documents, no padding): the unit of work of a target pass
+    and a drafter step. Raise it until the GPU's memory is used (preflight says what fits); it must
+    hold the longest sample. Drafter memory grows with it."""
     max_batch_size: int = 64
-    """Documents per batch at most."""
+    """Documents per batch at most (caps a batch of many short samples); rarely needs changing."""
     max_anchors: int = 512
-    """Anchors sampled per document (not per batch)."""
+    """Anchors (draft blocks) sampled per document, not per batch: drafter work per token grows with
+    it. Lower it when the targets wait on the drafters (q_hs full); raise it for more training signal
+    per target pass when the drafters wait."""
     max_length: int | None = None
-    """When --data needs preparing: truncate longer conversations to this many tokens (default: token_budget)."""
+    """Used only in the `draftline prepare` command train prints when --data is not yet a prepared
+    dataset: its --max-length, in tokens (default token_budget). It does not truncate prepared data."""
     sort_window: int = 1024
-    """The batcher orders samples by length within windows of this many, so packing wastes little."""
+    """Samples per window of the batcher's length sort: it packs documents of similar length
+    together within each window of this many, so batches waste few tokens. Larger packs tighter but
+    orders the epoch by length over longer stretches; rarely needs changing."""
     balance_steps: bool = True
     """With several batches per optimizer step, give a step's batches similar drafter work (anchor
-    counts), so drafters do not wait for each other at the all-reduce; off: the plain shuffle (how
-    runs started before this option ordered their batches)."""
+    counts), so drafters do not wait for each other at the all-reduce. --no-balance-steps: the plain
+    shuffle (how runs started before this option ordered their batches; a resume must keep it)."""
     epochs: int = 6
-    """Passes over the data."""
+    """Passes over the dataset (6 as in the DFlash paper's recipe). Fewer for a large dataset or a
+    trial; more for a small one while held-out tau still rises."""
     seed: int = 0
-    """Seeds shuffling, anchor sampling and the drafter's initialisation."""
+    """Seed of the shuffle, the anchor sampling and the drafter's initial weights: the same seed and
+    config give the same run."""
 
 
 @dataclass
 class OptimConfig:
+    """[optim] AdamW, its schedule, the loss, and the batches of an optimizer step."""
+
     lr: float = 6e-4
-    """Peak learning rate (AdamW)."""
+    """Peak learning rate of AdamW (6e-4 as in the DFlash paper's recipe). Lower it for a warm start
+    or when the loss spikes; a tiny drafter takes a higher one (the demo's 3-layer one: 3e-3)."""
     min_lr_ratio: float = 0.0
-    """Cosine decays to lr * min_lr_ratio."""
+    """Where the cosine decay ends, as a fraction of lr (0..1; 0 = decays to zero)."""
     warmup_ratio: float = 0.04
-    """Share of the total steps spent warming up linearly."""
+    """Fraction of all optimizer steps (0..1) spent raising the learning rate linearly from 0 to lr.
+    More for large lr or a large batch; 0 for a warm start that should not move at first."""
     weight_decay: float = 0.0
-    """AdamW weight decay (not applied to norms)."""
+    """AdamW weight decay (decoupled, per step, times lr; not applied to norms). 0 as in the recipe."""
     betas: tuple[float, float] = (0.9, 0.95)
-    """AdamW betas."""
+    """AdamW's two moment decays, comma-separated (beta1,beta2). Rarely needs changing."""
     grad_clip: float = 1.0
-    """Clip the global gradient norm to this (0 = off)."""
+    """Clip the global gradient norm (all drafter parameters) to this before each update; 0 = off."""
     loss_gamma: float | None = None
-    """Decay of the per-position loss weights exp(-(k-1)/gamma); None = the paper's for the block size."""
+    """Decay of the per-position loss weights exp(-(k-1)/gamma), in block positions. None = the
+    paper's for the block size (7 for 16, 5 for 10, 4 for 8, else block_size/2); smaller weights the
+    first positions more, which set most of tau."""
     distill: float = 0.0
-    """Soft labels: weight of the target's own next-token distribution in each position's label
+    """Soft labels: weight (0..1) of the target's own next-token distribution in each position's label
     (0 = the data's tokens only, the DFlash recipe; 1 = the distribution only). Above 0 the target
-    runs all its layers and also sends its final hidden state."""
+    runs all its layers and also sends its final hidden state (more target compute and transfer)."""
     grad_accum: int = 1
-    """Batches per optimizer step per drafter rank (a step trains grad_accum x drafters batches)."""
+    """Batches per optimizer step per drafter rank: a step trains grad_accum x drafters batches. Raise
+    it for a larger effective batch without more memory (fewer, larger steps)."""
     global_batch_tokens: int | None = None
-    """Alternative to grad_accum: tokens per optimizer step over all drafters (rounded up to whole
-    batches, an equal number per drafter)."""
+    """Instead of grad_accum: tokens per optimizer step over all drafters (rounded up to whole batches
+    of token_budget, an equal number per drafter), so the batch stays the same when the GPU count changes."""
     max_steps: int | None = None
-    """Stop after this many optimizer steps (trials); the schedule still spans the whole run."""
+    """Stop after this many optimizer steps (a trial, a budget); the learning-rate schedule (warmup,
+    cosine) is fitted to these steps, so the trial ends decayed like a whole run. None = all epochs."""
     max_bad_steps: int = 20
-    """Consecutive steps with a non-finite loss or gradient (skipped) before training stops."""
+    """Consecutive optimizer steps with a non-finite loss or gradient (each skipped, not applied)
+    after which training stops with an error; raise it only to ride out a known bad stretch of data."""
 
 
 @dataclass
 class TopologyConfig:
+    """[topology] Which ranks run the target and which train the drafter, and the queues between them."""
+
     targets: int | None = None
-    """Ranks running the target; with drafters, must add up to the world size. None = planned."""
+    """Ranks running the frozen target; with drafters, must add up to the world size. None = split
+    from the FLOP model (`draftline plan` recommends one)."""
     drafters: int | None = None
-    """Ranks training the drafter."""
+    """Ranks training the drafter (data-parallel). None = the rest of the world size after targets."""
     colocated: bool = False
-    """Every rank runs a target thread and a drafter (data-parallel drafters, no split)."""
+    """Every rank runs both: a target thread feeds the drafter of its own process (data-parallel
+    drafters, no split). Good when targets and drafters would otherwise wait for each other."""
     gpus: int | None = None
-    """Launch this many local processes with torchrun (one per GPU); None = as launched."""
+    """Launch this many local processes with torchrun (one per GPU; with device cpu, CPU processes),
+    as `--gpus N` does. None = as launched: one process, or the ranks torchrun started (under
+    torchrun it is ignored)."""
     q_pre: int = 8
-    """Prefetch queue of ready token batches per target."""
+    """Capacity, in batches, of each target's prefetch queue of ready token batches (built on the
+    host). Raise it only if the status shows q_pre empty while targets wait on data."""
     q_hs: int = 8
-    """Hidden-state queue capacity (batches of features waiting for a drafter), over all targets."""
+    """Capacity, in batches, of the hidden-state queue over all targets: features waiting for a
+    drafter. Larger smooths uneven batches at the cost of memory on the targets (one batch of
+    features each); smaller when target memory is short."""
     device: str = "auto"
-    """'auto' (CUDA if available), 'cuda' or 'cpu'."""
+    """auto (CUDA if available, else CPU), cuda or cpu."""
     failure_timeout_s: float = 30.0
-    """A rank silent for this long is declared dead or hung and the run stops."""
+    """Seconds a rank may go silent before it is declared dead or hung and the run stops with its
+    name. Raise it if long pauses (a slow file system, compilation) are expected."""
 
 
 @dataclass
 class CheckpointConfig:
+    """[checkpoint] When the run saves, how many saves it keeps, and how it starts."""
+
     every_steps: int = 500
-    """Save every this many optimizer steps (0 = off)."""
+    """Save a checkpoint every this many optimizer steps (0 = off); a checkpoint is also written at
+    the end and on a stop. Lower it when steps are slow or the machine may go away."""
     every_minutes: float = 30.0
-    """... and at least this often (0 = off)."""
+    """Also save when this many minutes have passed since the last save (0 = off)."""
     keep: int = 3
-    """Checkpoints kept; older ones are deleted after a new one is written."""
+    """Checkpoints kept in RUN_DIR/checkpoints; older ones are deleted after a new one is written.
+    Each holds the drafter, optimizer and scheduler state in fp32 (about 12 bytes per parameter)."""
     resume: bool = False
-    """Continue the run in the output directory from its latest checkpoint."""
+    """Continue the run in the output directory from its latest checkpoint (same batches in the same
+    order, none twice)."""
     from_scratch: bool = False
-    """Start over although the output directory has checkpoints (they are moved aside)."""
+    """Start a new run although the output directory holds one (its files are moved aside to
+    RUN_DIR/previous-TIME, not deleted)."""
 
 
 @dataclass
 class MonitorConfig:
+    """[monitor] The status display, the logs, and the acceptance measured during training."""
+
     interval_s: float = 5.0
-    """Seconds between status blocks."""
+    """Seconds between status lines (or panel updates) and metrics.jsonl records."""
     tensorboard: bool = True
-    """Write TensorBoard events to RUN_DIR/tensorboard."""
+    """Write TensorBoard events to RUN_DIR/tensorboard (--no-tensorboard: none; RUN_DIR/metrics.jsonl
+    is written either way)."""
     wandb: bool = False
-    """Also log to Weights & Biases (needs `pip install wandb`)."""
+    """Also log to Weights & Biases (needs `pip install wandb` and a login)."""
     wandb_project: str = "draftline"
-    """W&B project name."""
+    """The W&B project the run is logged to (with --wandb)."""
     eval_every: int | None = None
     """Measure real acceptance (speculative decoding of held-out prompts: the monitor's tau) every
-    this many steps and at the end; None = about 10 times per run; 0 = only at the end."""
+    this many optimizer steps and at the end; None = about 10 times per run; 0 = only at the end."""
     eval_prompts: str | None = None
-    """Prompts for that (JSONL); default: the dataset's held-out prompts."""
+    """Prompts for that (JSONL, as `draftline eval --prompts` reads); None = the dataset's held-out
+    prompts (`draftline prepare --heldout N`)."""
     eval_num_prompts: int = 8
-    """Prompts used per evaluation during training (the first ones of the set)."""
+    """Prompts used per evaluation during training (the first ones of the set): more reads tau more
+    steadily and takes longer."""
     eval_max_new_tokens: int = 64
     """Tokens generated per prompt in an evaluation during training."""
     eval_final_num_prompts: int | None = None
@@ -160,40 +218,54 @@ class MonitorConfig:
     eval_final_max_new_tokens: int = 256
     """Tokens per prompt in the final measurement; 256 = `draftline eval`'s default --max-new-tokens."""
     peak_tflops: float | None = None
-    """Peak dense matrix rate per device for MFU; None = known table, else measured at start."""
+    """Peak dense matrix rate of one device, in TFLOP/s, that MFU is quoted against. None = the GPU's
+    spec (known GPUs), else measured at start; set it for a GPU without a spec entry. No MFU on CPU
+    unless given."""
 
 
 @dataclass
 class EngineConfig:
+    """[engine] How the drafter's step runs: kernels, memory, compilation, checks before training."""
+
     attention: str = "auto"
     """Drafter attention: 'auto' (on GPU FlashAttention-4's kernels when ``flash-attn-4`` is installed
     on a Hopper or Blackwell GPU and they pass a first check against dense attention, else flex's
     Triton kernels; dense on CPU), 'flex', 'flash' (flex on FlashAttention-4's kernels, an error
     where they cannot run) or 'dense'."""
     head_chunk_rows: int = 4096
-    """Rows of vocabulary logits materialised at once."""
+    """Rows (block positions) of vocabulary logits materialised at once by the LM head and its loss;
+    their memory grows with rows x vocabulary. Lower it if the loss runs out of memory with a large vocabulary."""
     max_query_rows: int = 32768
-    """Block rows (anchors x block) per drafter pass; a larger batch runs in several passes."""
+    """Block rows (anchors x block_size) per drafter pass; a batch with more runs in several passes.
+    Lower it when the drafter runs out of memory (preflight names the largest that fits)."""
     activation_checkpointing: bool = False
-    """Recompute drafter layers in backward (less memory, ~1/3 more drafter compute)."""
+    """Recompute the drafter's layers in backward instead of keeping their activations: less memory,
+    about 1/3 more drafter compute. Turn it on when the drafter runs out of memory at the token budget you want."""
     compile: bool = True
     """On CUDA, torch.compile the dense parts of the drafter's training step and of the target's feature
-    pass (fused norms, RoPE, SwiGLU, residuals: docs/PERF_NOTES.md); ``--no-compile`` runs them eager."""
+    pass (fused norms, RoPE, SwiGLU, residuals: docs/PERF_NOTES.md); ``--no-compile`` runs them eager
+    (faster start, slower steps; to rule compilation out when debugging). No effect on CPU."""
     preflight: bool = True
-    """Run each role's worst-case batch before training and refuse a configuration that would run out of memory."""
+    """On GPU, run each role's worst-case batch before training and refuse a configuration that would
+    run out of memory later, naming what fits; --no-preflight skips it (faster start)."""
     memory_headroom_gib: float = 2.0
-    """GPU memory kept free by preflight (allocator fragmentation, library updates)."""
+    """GiB of GPU memory that preflight keeps free (allocator fragmentation, library updates). Raise it
+    if a run that passed preflight still runs out of memory."""
     gpu_memory_gib: float | None = None
     """Use at most this many GiB of each GPU (torch.cuda.set_per_process_memory_fraction): to share a GPU with
     other work, or to try a smaller GPU's sizes on a larger one; None = all of it."""
     trace: bool = False
-    """Write RUN_DIR/trace/: each step's loss, and the batches and samples each drafter trained (audits, tests)."""
+    """Write RUN_DIR/trace/: each step's loss, and the batches and samples each drafter trained
+    (audits, tests). Small files; off by default."""
 
 
 @dataclass
 class TrainConfig:
+    """The whole training config: the run directory and one section per concern."""
+
     out: str = ""
-    """Run directory: checkpoints, metrics, final drafter."""
+    """Run directory: checkpoints, metrics.jsonl, tensorboard/, the final drafter (final/). Required;
+    one live run owns it at a time."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -387,6 +459,12 @@ def validate(config: TrainConfig) -> None:
     if not 0 <= o.min_lr_ratio <= 1:
         raise DraftlineError(f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio}")
     _positive(o.grad_accum, "optim.grad_accum (--grad-accum)")
+    if o.global_batch_tokens is not None:
+        _positive(o.global_batch_tokens, "optim.global_batch_tokens (--global-batch-tokens)")
+        if o.grad_accum != 1:
+            raise DraftlineError(
+                f"optim.global_batch_tokens (--global-batch-tokens {o.global_batch_tokens}) and optim.grad_accum "
+                f"(--grad-accum {o.grad_accum}) both set the batches of an optimizer step; pick one")
     if o.loss_gamma is not None:
         _positive(o.loss_gamma, "optim.loss_gamma (--loss-gamma)")
     if not 0.0 <= o.distill <= 1.0:

@@ -52,6 +52,19 @@ def llama_model(llama_target):
     return load_target(llama_target)
 
 
+@pytest.fixture(scope="session")
+def qwen3_5_target(tmp_path_factory):
+    """A tiny Qwen3.5 hybrid: Gated DeltaNet layers (recurrent states) between full-attention ones."""
+    from helpers import make_qwen3_5_target
+
+    return make_qwen3_5_target(tmp_path_factory.mktemp("qwen3_5_target"))
+
+
+@pytest.fixture(scope="session")
+def qwen3_5_model(qwen3_5_target):
+    return load_target(qwen3_5_target)
+
+
 TRAIN_PROMPTS = [[17, 5, 230, 44, 91, 8], [3, 150, 150, 27, 260, 99], [201, 11, 64, 64, 7, 180]]
 
 

@@ -88,3 +88,26 @@ def test_report_of_a_sparse_cpu_log(tmp_path):
 def test_report_without_a_log_says_what_is_missing(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_a_run_that_finished_two_epochs_reports_two(qwen3_target, line_data, tmp_path):
+    """Through the line: the monitor counts epochs trained, the summary shows them (not the 0-based
+    index of the last epoch, which read "epoch 1")."""
+    from line_helpers import base_args
+
+    out = tmp_path / "run"
+    assert main(["train", *base_args(qwen3_target, line_data, out, epochs=2)]) == 0
+    assert main(["report", str(out)]) == 0
+    summary = (out / "report" / "summary.md").read_text()
+    assert "| epochs trained | 2.00 of 2 |" in summary
+    last = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+            if '"kind": "train"' in line][-1]
+    assert last["epochs_done"] == 2.0 and last["num_epochs"] == 2 and last["epoch"] == 1
+    assert last["gpus"] == [] and last["mfu"] is None  # a CPU run: no device rows, no MFU
+    assert last["layout"] == {"targets": 1, "drafters": 1, "colocated": True}
+
+
+def test_an_older_writers_epoch_is_shown_as_the_epoch_being_trained(tmp_path):
+    synthetic_log(tmp_path)
+    write_report(tmp_path)
+    assert "| epoch being trained | 1 |" in (tmp_path / "report" / "summary.md").read_text()

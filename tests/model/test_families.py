@@ -151,8 +151,10 @@ def test_vision_language_checkpoint_loads_its_text_model_only(qwen3_5_vl_target,
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_two_training_steps_and_eval_through_the_cli(family, request, tmp_path):
-    """`draftline train` (two steps) and `draftline eval` (speculative decoding with the drafter) per family."""
+    """`draftline train` (two steps) and `draftline eval` (speculative decoding with the drafter) per family:
+    both steps train on a finite loss, and decoding is lossless: the target's own greedy continuation."""
     import json
+    import math
 
     from draftline.cli import main
     from line_helpers import base_args, step_losses, write_dataset
@@ -160,21 +162,37 @@ def test_two_training_steps_and_eval_through_the_cli(family, request, tmp_path):
     target_dir = request.getfixturevalue(family)
     data = write_dataset(tmp_path / "data", num_docs=12, max_len=60)
     run_dir = tmp_path / "run"
-    args = base_args(target_dir, data, run_dir, max_steps=2, target_layer_ids="1,3")
+    args = base_args(target_dir, data, run_dir, max_steps=2, target_layer_ids="1,3", trace=True)
     assert main(["train", *args]) == 0
-    losses = step_losses(run_dir) if (run_dir / "trace").is_dir() else {}
+    losses = step_losses(run_dir)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["status"] == "finished" and (run_dir / "final" / "config.json").is_file()
-    assert all(v == v for v in losses.values())
+    assert losses.keys() == {1, 2} and all(math.isfinite(v) and v > 0 for v in losses.values()), losses
+    last_train = [r for r in records if r["kind"] == "train"][-1]
+    assert last_train["skipped_steps"] == 0 and math.isfinite(last_train["grad_norm"]) and last_train["grad_norm"] > 0
 
+    prompt = [5, 6, 7, 8, 9]
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text(json.dumps({"input_ids": [5, 6, 7, 8, 9]}) + "\n")
+    prompts.write_text(json.dumps({"input_ids": prompt}) + "\n")
     out = tmp_path / "eval.json"
     assert main(["eval", "--target", str(target_dir), "--drafter", str(run_dir / "final"), "--prompts", str(prompts),
                  "--max-new-tokens", "10", "--stop-token-ids", "none", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     entry = result["per_prompt"][0]
-    assert len(entry["output_ids"]) == 5 + 10 and 1 <= result["tau"] <= 4
+    assert entry["output_ids"] == prompt + _greedy(target_dir, prompt, 10)
+    lengths = entry["acceptance_lengths"]  # the first new token comes from the prefill, the rest from blocks
+    assert sum(lengths) == 9 and all(1 <= n <= 4 for n in lengths)
+    assert result["tau"] == pytest.approx(9 / len(lengths))
+
+
+def _greedy(target_dir, prompt: list[int], num_tokens: int) -> list[int]:
+    """The target alone, greedy, the whole sequence each time (no cache): the reference decoding must match."""
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
 
 
 @pytest.mark.parametrize("family", ["qwen3_target", "llama_target", "qwen3_moe_target"])

@@ -22,5 +22,5 @@ def busy_status() -> LineStatus:
                        max_sm_mhz=1980.0, power_w=699.0, clock_reasons=["power cap"]),
               GpuStats("NVIDIA H200", None, None, None, rank=1, role="drafter")],
         time=1_700_000_000.0, elapsed_s=600.0, q_pre_capacity=50, q_hs_capacity=20,
-        peak=known_peak("NVIDIA H200"),
+        peak=known_peak("NVIDIA H200"), num_targets=2, num_drafters=6,
     )

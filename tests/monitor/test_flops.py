@@ -16,7 +16,6 @@ from draftline.monitor.flops import (
     FULL,
     SLIDING,
     DrafterShape,
-    PeakFlops,
     TargetShape,
     attention_flops,
     drafter_flops,
@@ -98,30 +97,133 @@ def _qwen3(hidden, layers, heads, intermediate):
                        head_dim=128, intermediate_size=intermediate, vocab_size=151936)
 
 
+def _by_hand(hidden, heads, kv_heads, head_dim, intermediate, vocab, layers_run, feature_layers, *,
+             length=2826, anchors=512, block=16, draft_layers=5):
+    """docs/FLOPS.md's rules applied to the shapes, written out here (not through the counter):
+    the target's forward over one ``length``-token document up to its deepest feature layer, and one
+    drafter step on it with ``anchors`` anchors spread evenly (mean position (length-1)/2)."""
+    attn_weights = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q, o; k, v
+    layer_weights = attn_weights + 3 * hidden * intermediate  # + gate, up, down
+    causal_pairs = length * (length + 1) / 2
+    target = layers_run * (2 * layer_weights * length + 4 * heads * head_dim * causal_pairs)
+    rows = anchors * block
+    layers = draft_layers * 6 * layer_weights * rows  # forward 2 + backward 4 per weight and row
+    context_kv = draft_layers * 6 * (hidden * kv_heads * head_dim * 2) * length
+    fc = 4 * (feature_layers * hidden * hidden) * length  # forward + weight gradient only
+    pairs = anchors * block * ((length - 1) / 2 + block)  # each slot: the context before its anchor, its block
+    attention = draft_layers * 3 * 4 * heads * head_dim * pairs
+    head = 4 * hidden * vocab * anchors * (block - 1)  # frozen head: forward + input gradient, labelled rows
+    return target, layers + context_kv + fc + attention + head
+
+
 @pytest.mark.parametrize(
-    "target_config, layer_ids, target_tflop, drafter_tflop, samples_s, ktok_s",
+    "target_config, layer_ids, by_hand, target_tflop, drafter_tflop, samples_s, ktok_s",
     [
-        (_qwen3(4096, 36, 32, 12288), (1, 9, 17, 25, 33), 39.3, 71.1, 7.1, 20.2),
-        (_qwen3(5120, 64, 64, 25600), (1, 16, 31, 46, 61), 179, 152, 2.4, 6.7),
+        (_qwen3(4096, 36, 32, 12288), (1, 9, 17, 25, 33), _by_hand(4096, 32, 8, 128, 12288, 151936, 34, 5),
+         39.3, 71.1, 7.1, 20.2),
+        (_qwen3(5120, 64, 64, 25600), (1, 16, 31, 46, 61), _by_hand(5120, 64, 8, 128, 25600, 151936, 62, 5),
+         179, 152, 2.4, 6.7),
     ],
     ids=["qwen3-8b", "qwen3-32b-class"],
 )
-def test_perf_md_reference_table(target_config, layer_ids, target_tflop, drafter_tflop, samples_s, ktok_s):
-    """docs/PERF.md's table follows from: one 2,826-token document per sample, layers up to the
-    deepest feature layer, 512 anchors spread evenly over the whole document (mean position
-    (L-1)/2, no prompt excluded), 15 labelled rows per anchor, every drafter linear inside the
-    layers with an input gradient."""
+def test_perf_md_reference_table(target_config, layer_ids, by_hand, target_tflop, drafter_tflop, samples_s, ktok_s):
+    """The counter's reference workload equals the rules of docs/FLOPS.md worked by hand from the
+    shapes, and docs/PERF.md's table (rounded) follows from them: one 2,826-token document per sample,
+    layers up to the deepest feature layer, 512 anchors spread evenly over the whole document, 15
+    labelled rows per anchor, every drafter linear inside the layers with an input gradient."""
     target = TargetShape.from_config(target_config)
     drafter = DrafterShape.from_config(build_drafter_config(target_config))
     assert drafter.target_layer_ids == layer_ids and drafter.block_size == 16 and drafter.num_layers == 5
     target_per_sample = reference_target_flops(target, drafter.target_layers_run)
     drafter_per_sample = reference_drafter_flops(drafter, mean_length=2826, num_anchors=512)
-    assert target_per_sample / 1e12 == pytest.approx(target_tflop, rel=0.003)
-    assert drafter_per_sample / 1e12 == pytest.approx(drafter_tflop, rel=0.003)
+    assert (target_per_sample, drafter_per_sample) == pytest.approx(by_hand, rel=1e-9)
+    assert by_hand[0] / 1e12 == pytest.approx(target_tflop, rel=0.003)
+    assert by_hand[1] / 1e12 == pytest.approx(drafter_tflop, rel=0.003)
     # The ceiling column: one H200 at 788 TFLOP/s doing both sides.
-    ceiling = 788e12 / (target_per_sample + drafter_per_sample)
+    ceiling = 788e12 / sum(by_hand)
     assert round(ceiling, 1) == samples_s
     assert round(ceiling * 2826 / 1e3, 1) == ktok_s
+
+
+# ------------------------------------------------------------------ against torch's own FLOP counter
+
+
+def _matmul_flops(run) -> int:
+    """FLOPs of the matrix products ``run()`` executes (forward and backward), by torch.utils.flop_counter.
+    Attention kernels are left out: the counter counts every (query, key) pair of a dense product,
+    masked ones included, where docs/FLOPS.md counts visible pairs only; those are counted by hand."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        run()
+    ops = counter.get_flop_counts()["Global"]
+    return int(sum(n for op, n in ops.items() if str(op) in ("aten.mm", "aten.addmm")))
+
+
+def _documents(lengths, seed=0, prompt=2):
+    from draftline.data.batch import PackedBatch
+
+    g = torch.Generator().manual_seed(seed)
+    docs = [(torch.randint(0, 300, (n,), generator=g).tolist(), [i >= prompt for i in range(n)]) for n in lengths]
+    return PackedBatch.from_documents(docs)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_moe"])
+def test_target_flops_are_the_models_own_matmuls_plus_causal_pairs(family, qwen3_target, llama_target, tmp_path):
+    """The counter's target FLOPs = the products the Hugging Face layers run on a packed batch (counted
+    by torch) + 4 * heads * head_dim per causal pair inside each document, per layer run."""
+    from helpers import make_qwen3_moe_target
+
+    from draftline.model.target import TargetFeatures, load_target_config
+
+    target_dir = {"qwen3": qwen3_target, "llama": llama_target}.get(family) or make_qwen3_moe_target(tmp_path / "moe")
+    lengths = [9, 6, 17]
+    batch = _documents(lengths)
+    features = TargetFeatures(target_dir, [1, 3], dtype=torch.float32, packed=True)
+    # Experts one by one as plain products: torch's counter does not count grouped ones (_grouped_mm).
+    features.model.config._experts_implementation = "eager"
+    with torch.no_grad():
+        matmuls = _matmul_flops(lambda: features(batch))
+    config = load_target_config(target_dir)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    pairs = sum(n * (n + 1) // 2 for n in lengths)
+    by_definition = matmuls + features.layers_run * 4 * config.num_attention_heads * head_dim * pairs
+    assert target_flops(TargetShape.from_config(config), lengths, features.layers_run) == by_definition
+
+
+def test_drafter_flops_are_the_steps_own_matmuls_plus_visible_pairs(qwen3_target):
+    """One pass of the objective, forward and backward, dense attention on CPU: the counter's layers,
+    context k/v, fc and LM head = the products torch counts; its attention = the visible pairs
+    counted here slot by slot (each slot: the context of its document before its anchor, its block)."""
+    from draftline.model.drafter import DFlashDrafter
+    from draftline.model.target import TargetFeatures, load_embedding_and_head, load_target_config
+    from draftline.monitor.flops import drafter_flops_of_blocks
+    from draftline.objective.loss import DFlashObjective, ObjectiveSettings
+
+    config = build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=2, block_size=4,
+                                  target_layer_ids=[1, 3])
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(config).float()
+    embed, head = load_embedding_and_head(qwen3_target)
+    objective = DFlashObjective(drafter, embed.float(), head.float(), ObjectiveSettings(max_anchors=3, attention="dense"))
+    batch = _documents([19, 6, 12], seed=1)
+    with torch.no_grad():
+        features = TargetFeatures(qwen3_target, [1, 3], dtype=torch.float32)(batch)
+    (part, blocks), = list(objective.passes(batch, 100, dense=True))
+
+    def step():
+        loss, _ = objective(features[part.token_lo:part.token_hi], blocks)
+        loss.backward()
+
+    matmuls = _matmul_flops(step)
+    shape = DrafterShape.from_config(config)
+    parts = drafter_flops_breakdown(shape, num_context_rows=blocks.layout.num_context,
+                                    anchor_positions=blocks.layout.anchor_pos,
+                                    num_labelled_rows=int(blocks.label_rows.shape[0]))
+    assert parts["layers"] + parts["context_kv"] + parts["fc"] + parts["lm_head"] == matmuls
+    visible = sum(1 for a in blocks.layout.anchor_pos.tolist() for _slot in range(4) for key in range(a + 4))
+    assert parts["attention"] == 2 * 3 * 4 * config.num_attention_heads * config.head_dim * visible
+    assert drafter_flops_of_blocks(shape, blocks) == sum(parts.values())
 
 
 def test_mfu_arithmetic():
@@ -153,7 +255,8 @@ def test_cpu_peak_is_quick():
     start = time.perf_counter()
     peak = resolve_peak("cpu")
     assert time.perf_counter() - start < 1.5
-    assert peak.flops > 1e8 and "measured here: CPU" in peak.describe()
+    assert peak.flops > 1e8 and "measured here" in peak.describe()
+    assert not peak.for_mfu and peak.describe().startswith("no MFU")  # too unsteady to quote MFU against
     assert measure_peak_flops("cpu") > 1e8
 
 

@@ -70,3 +70,59 @@ def test_wandb_missing_says_how_to_fix(tmp_path):
     with pytest.raises(DraftlineError, match="pip install"):
         open_loggers(tmp_path, tensorboard=False, wandb=True)
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+class _FakeRun:
+    def __init__(self, **init):
+        self.init, self.logged, self.config, self.finished = init, [], _FakeConfig(), False
+
+    def log(self, values, step=None):
+        self.logged.append((values, step))
+
+    def finish(self):
+        self.finished = True
+
+
+class _FakeConfig(dict):
+    def update(self, values, allow_val_change=False):
+        super().update(values)
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    """A stand-in ``wandb`` module: the calls W&B's client would get, without an account or a network."""
+    import sys
+    import types
+
+    module = types.ModuleType("wandb")
+    module.runs = []
+
+    def init(**kwargs):
+        module.runs.append(_FakeRun(**kwargs))
+        return module.runs[-1]
+
+    module.init = init
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    return module
+
+
+def test_wandb_gets_the_config_once_and_every_records_scalars_at_its_step(tmp_path, busy_status, fake_wandb):
+    logger = open_loggers(tmp_path, tensorboard=False, wandb=True, wandb_project="drafters-q8b")
+    (run,) = fake_wandb.runs
+    assert run.init == {"project": "drafters-q8b", "dir": str(tmp_path), "config": None}
+    logger.log({"kind": "start", "mode": "fresh", "step": 0, "config": {"optim": {"lr": 6e-4}}, "time": 1.0,
+                "elapsed_s": 0.0, "topology": {"targets": 1}})
+    assert run.config == {"config": {"optim": {"lr": 6e-4}}, "topology": {"targets": 1}, "mode": "fresh"}
+    assert run.logged == []  # the start record is config, not a point of a chart
+    logger.log(busy_status.to_record())
+    logger.log({"kind": "eval", "time": 2.0, "step": 1234, "tau": 2.5, "acceptance_hist": [3, 1]})
+    logger.log({"kind": "end", "time": 3.0, "step": 1234, "status": "stopped", "reason": "signal"})
+    (train, train_step), (evaluation, eval_step) = run.logged  # the end record has no numbers: nothing sent
+    assert train_step == eval_step == 1234
+    assert train["train/loss"] == 2.3456 and train["train/accuracy_by_position/1"] == 0.82
+    assert train["train/gpus/0/util"] == 0.97 and train["train/q_pre/1"] == 12.0
+    assert "train/step" not in train and "train/layout/targets" not in train
+    assert evaluation == {"eval/tau": 2.5, "eval/acceptance_hist/1": 3.0, "eval/acceptance_hist/2": 1.0}
+    assert (tmp_path / "metrics.jsonl").is_file()  # the JSONL log is kept beside W&B
+    logger.close()
+    assert run.finished

@@ -36,7 +36,9 @@ def _stderr_lines(proc) -> list[tuple[float, str]]:
 
 
 def _long_run(target, data, out, **extra):
-    return base_args(target, data, out, epochs=40, max_steps=400, trace=True, save_every=2, **extra)
+    # No periodic checkpoint: the only one a failure leaves is the failure path's own.
+    return base_args(target, data, out, epochs=40, max_steps=400, trace=True, save_every_minutes=0,
+                     save_every=100_000, **extra)
 
 
 @pytest.mark.parametrize("victim,targets,role", [(2, 2, "target"), (1, 1, "drafter"), (0, 1, "drafter")],
@@ -65,15 +67,21 @@ def test_killed_rank_is_named_and_the_run_resumes(qwen3_target, line_data, tmp_p
     assert "host " in err and ("died" in err or "stopped responding" in err), err[-3000:]
     failure = json.loads((out / "failure.json").read_text())
     assert f"rank {victim}" in failure["message"]
+    # The failure's checkpoint (the logging drafter's, or the next drafter's when the logging one died):
+    # the last completed step, at or after the steps seen before the kill.
     checkpoint = latest_checkpoint(out)
-    assert checkpoint is not None
+    assert checkpoint is not None and [p.name for p in (out / "checkpoints").glob("step-*")] == [checkpoint.name]
+    step = int(checkpoint.name.split("-")[-1])
+    assert failure["step"] == step >= 3 and failure["checkpoint"] == str(checkpoint)
+    assert f"checkpoint of the last completed step ({step}) saved to {checkpoint}" in err, err[-3000:]
     if victim != 2:
         return
     # The run continues from its checkpoint (a few more steps, then stop it cleanly).
-    resumed = run([*args[:-2], "--save-every", "1000", "--max-steps", str(int(checkpoint.name[-8:]) + 2),
-                   "--gpus", "3", "--targets", str(targets), "--grad-accum", "2", "--resume"], timeout=180)
+    resumed = run([*args, "--max-steps", str(step + 2), "--gpus", "3", "--targets", str(targets), "--grad-accum", "2",
+                   "--resume"], timeout=180)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert read_jsonl(out / "starts.jsonl")[-1]["mode"] == "resume"
+    last_start = read_jsonl(out / "starts.jsonl")[-1]
+    assert last_start["mode"] == "resume" and last_start["step"] == step
 
 
 def test_hung_rank_is_detected(qwen3_target, line_data, tmp_path):

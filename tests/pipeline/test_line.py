@@ -30,7 +30,7 @@ def _samples_by_epoch(run_dir):
 def colocated(qwen3_target, line_data, tmp_path_factory):
     """The reference: one process, target and drafter together."""
     out = tmp_path_factory.mktemp("colocated") / "run"
-    args = base_args(qwen3_target, line_data, out, epochs=2, grad_accum=2, trace=True)
+    args = base_args(qwen3_target, line_data, out, epochs=2, grad_accum=2, trace=True, save_every=2)
     assert main(["train", *args]) == 0
     return out
 
@@ -40,14 +40,20 @@ def test_colocated_run_writes_everything(colocated, line_data):
     assert len(losses) >= 5 and all(math.isfinite(v) for v in losses.values())
     final = load_drafter(colocated / "final")
     assert final.config.num_hidden_layers == 1 and final.config.block_size == 4
-    checkpoints = sorted((colocated / "checkpoints").glob("step-*"))
-    assert 1 <= len(checkpoints) <= 3  # keep = 3
     records = read_jsonl(colocated / "metrics.jsonl")
     kinds = Counter(r["kind"] for r in records)
     assert kinds["start"] == 1 and kinds["end"] == 1 and kinds["train"] >= 1
     train = [r for r in records if r["kind"] == "train"][-1]
-    for field in ("ktok_s", "mfu", "q_pre", "q_hs", "loss", "accuracy_by_position", "tf_acceptance", "tau", "eta_s"):
-        assert field in train
+    total = train["total_steps"]
+    assert train["step"] == total == max(losses) and total >= 7
+    # Saved every 2 steps (--save-every 2) and at the end; the newest 3 kept (--keep 3).
+    saved = sorted({*range(2, total, 2), total})
+    assert [p.name for p in sorted((colocated / "checkpoints").glob("step-*"))] == [f"step-{s:08d}" for s in saved[-3:]]
+    assert train["ktok_s"] > 0 and train["samples"] == 2 * len(TokenDataset(line_data))
+    assert 0 <= train["q_hs"] <= 8 and all(0 <= q <= 8 for q in train["q_pre"]) and len(train["q_pre"]) == 1
+    assert train["mfu"] is None and train["gpus"] == []  # CPU: no MFU, no device rows
+    assert len(train["accuracy_by_position"]) == 3 and all(0 <= a <= 1 for a in train["accuracy_by_position"])
+    assert math.isfinite(train["loss"]) and train["tf_acceptance"] >= 1 and train["epochs_done"] == 2.0
     assert records[-1]["status"] == "finished"
     starts = read_jsonl(colocated / "starts.jsonl")
     assert [s["mode"] for s in starts] == ["fresh"]
@@ -98,10 +104,18 @@ def test_acceptance_is_measured_during_and_after_training(qwen3_target, line_dat
     args = base_args(qwen3_target, line_data, out, max_steps=4, eval_every=2, eval_prompts=prompts,
                      eval_max_new_tokens=8, eval_final_max_new_tokens=8)
     assert main(["train", *args]) == 0
-    evals = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"]
-    assert [e["step"] for e in evals] == [2, 4]
-    assert all(e["num_prompts"] == 3 and 1.0 <= e["tau"] <= 4 and sum(e["acceptance_hist"]) == e["num_steps"]
-               for e in evals)
+    records = read_jsonl(out / "metrics.jsonl")
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [2, 4] and [bool(e.get("final")) for e in evals] == [False, True]
+    for e in evals:
+        hist, steps = e["acceptance_hist"], e["num_steps"]
+        assert e["num_prompts"] == 3 and len(hist) == 4 and sum(hist) == steps > 0
+        # tau is the mean committed length; slot k was accepted by the steps that committed more than k.
+        assert e["tau"] == pytest.approx(sum((k + 1) * n for k, n in enumerate(hist)) / steps)
+        assert e["acceptance_by_position"] == pytest.approx([sum(hist[k:]) / steps for k in range(1, 4)])
+    # The monitor's tau is the latest measurement before its record (the final one comes after the last).
+    last_train = [r for r in records if r["kind"] == "train"][-1]
+    assert last_train["tau_step"] == 2 and last_train["tau"] == pytest.approx(evals[0]["tau"])
 
 
 def test_passes_bound_the_dense_mask_and_keep_every_anchor():
@@ -129,7 +143,11 @@ def test_report_renders_from_a_real_run(colocated):
     pngs = sorted(p.name for p in report.glob("*.png"))
     assert {"loss.png", "throughput.png", "queues.png"} <= set(pngs)
     summary = (report / "summary.md").read_text()
-    assert "colocated" in summary or "topology" in summary.lower()
+    total = [r for r in read_jsonl(colocated / "metrics.jsonl") if r["kind"] == "train"][-1]["total_steps"]
+    assert f"Status: **finished**, step {total} of {total}" in summary
+    assert "- colocated: True" in summary and "- world_size: 1" in summary
+    assert "| epochs trained | 2.00 of 2 |" in summary and "| GPU-hours | n/a (CPU run) |" in summary
+    assert "Ktok/s (no MFU: CPU) |" in summary
 
 
 def test_soft_labels_through_the_line_match_the_single_process(qwen3_target, line_data, tmp_path):

@@ -31,7 +31,7 @@ def test_stop_then_resume_equals_the_uninterrupted_run(uninterrupted, qwen3_targ
     proc.send_signal(signal.SIGINT)  # a clean stop: checkpoint at the next step boundary
     out_text, err_text = proc.communicate(timeout=120)
     assert proc.returncode == 0, err_text[-3000:]
-    assert "stopped at step" in out_text
+    assert "stopped at step" in out_text and "Traceback" not in err_text
     stopped_at = int(latest_checkpoint(out).name.split("-")[-1])
     reference = step_losses(uninterrupted)
     assert 4 <= stopped_at < len(reference)

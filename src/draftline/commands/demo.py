@@ -9,10 +9,16 @@ from draftline.errors import DraftlineError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=Path("demo-run"), help="where everything goes (default ./demo-run)")
-    parser.add_argument("--quick", action="store_true", help="a shorter run (less data, fewer steps): what CI runs")
-    parser.add_argument("--conversations", type=int, help="training conversations to regenerate")
-    parser.add_argument("--epochs", type=int, help="passes over the regenerated data")
+    parser.add_argument("--out", type=Path, default=Path("demo-run"), metavar="DIR",
+                        help="the directory every stage writes into (data, run, eval, report; default ./demo-run)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the shortened demo CI runs: less data and fewer steps, same code path, lower tau")
+    parser.add_argument("--conversations", type=int, metavar="N",
+                        help="training conversations the target regenerates (more: a better drafter, a longer "
+                             "regeneration; default: the demo's own, fewer with --quick)")
+    parser.add_argument("--epochs", type=int, metavar="N",
+                        help="passes of training over the regenerated data (more: a higher tau, a longer run; "
+                             "default: the demo's own, fewer with --quick)")
 
 
 def run(args: argparse.Namespace) -> int:

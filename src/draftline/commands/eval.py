@@ -15,22 +15,48 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", type=Path, required=True, help="the target model directory (Hugging Face format)")
-    parser.add_argument("--drafter", type=Path, required=True, help="a drafter directory, a training checkpoint or a run directory")
-    parser.add_argument("--prompts", type=Path, required=True, help="JSONL, one prompt per line: input_ids, or messages")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples with rejection sampling")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1 = off)")
-    parser.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default 0 = off)")
-    parser.add_argument("--block-size", type=int, default=None, help="tokens per draft block (default: the drafter's)")
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens generated per prompt at most (default 256)")
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    parser.add_argument("--json", type=Path, default=None, help="write the summary and per-prompt outputs here")
-    parser.add_argument("--stop-token-ids", default=None, help="comma-separated stop tokens (default: the target's eos; 'none' for none)")
-    parser.add_argument("--thinking", choices=sorted(_THINKING), default=None, help="enable_thinking for templates that have it")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the sampler (temperature > 0)")
-    parser.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:N or cpu")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="weights dtype (default bfloat16 on GPU, float32 on CPU)")
-    parser.add_argument("--no-speedup", action="store_true", help="skip the target-only baseline on a GPU")
+    io = parser.add_argument_group("inputs and output")
+    io.add_argument("--target", type=Path, required=True, metavar="DIR",
+                    help="the target model directory (Hugging Face format) the drafter was trained for")
+    io.add_argument("--drafter", type=Path, required=True, metavar="DIR",
+                    help="a drafter directory, a training checkpoint, or a run directory (its final/, else its "
+                         "latest checkpoint)")
+    io.add_argument("--prompts", type=Path, required=True, metavar="FILE",
+                    help="JSONL, one prompt per line: input_ids, or messages (rendered with the target's chat "
+                         "template), e.g. the heldout.jsonl of a prepared dataset")
+    io.add_argument("--limit", type=int, default=None, metavar="N",
+                    help="use only the first N prompts (a quicker, noisier figure; default: all)")
+    io.add_argument("--json", type=Path, default=None, metavar="FILE",
+                    help="also write the summary and per-prompt outputs (output_ids, acceptance_lengths) to FILE")
+    dec = parser.add_argument_group("decoding")
+    dec.add_argument("--max-new-tokens", type=int, default=256, metavar="TOKENS",
+                     help="tokens generated per prompt at most (default 256)")
+    dec.add_argument("--block-size", type=int, default=None, metavar="TOKENS",
+                     help="tokens per draft block (>= 2), e.g. to measure how a smaller block than trained "
+                          "accepts (default: the drafter's own)")
+    dec.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                     help="0 = greedy (default: tau as servers quote it); above 0 samples, verified with "
+                          "rejection sampling")
+    dec.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                     help="with --temperature > 0: nucleus sampling mass, 0..1 (default 1 = off)")
+    dec.add_argument("--top-k", type=int, default=0, metavar="K",
+                     help="with --temperature > 0: sample among the K most likely tokens (default 0 = off)")
+    dec.add_argument("--seed", type=int, default=0, metavar="N",
+                     help="seed of the sampler with --temperature > 0 (default 0)")
+    dec.add_argument("--stop-token-ids", default=None, metavar="ID,ID,...",
+                     help="comma-separated token ids that end a generation (default: the target's eos; 'none' "
+                          "to always generate --max-new-tokens)")
+    dec.add_argument("--thinking", choices=sorted(_THINKING), default=None,
+                     help="enable_thinking passed to chat templates that have it (Qwen3): on or off; default: "
+                          "the template's own default")
+    dev = parser.add_argument_group("device")
+    dev.add_argument("--device", default="auto", metavar="DEVICE",
+                     help="auto (CUDA if available, default), cuda, cuda:N or cpu")
+    dev.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
+                     help="weights and compute dtype of target and drafter (default bfloat16 on GPU, float32 on CPU)")
+    dev.add_argument("--no-speedup", action="store_true",
+                     help="on a GPU, skip the target-only baseline run that the wall-clock speedup is measured "
+                          "against (a shorter eval; tau is measured either way)")
 
 
 def _stop_ids(text: str | None, target) -> list[int]:

@@ -24,12 +24,18 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("ckpt_dir", type=Path, help="a run directory, a training checkpoint, or a drafter directory")
-    parser.add_argument("out_dir", type=Path, help="where to write config.json + model.safetensors + README.md")
+    parser.add_argument("ckpt_dir", type=Path, metavar="CKPT",
+                        help="a run directory (its final/, else its latest whole checkpoint), a training "
+                             "checkpoint (RUN_DIR/checkpoints/step-N) or a drafter directory")
+    parser.add_argument("out_dir", type=Path, metavar="OUT",
+                        help="the directory to write config.json + model.safetensors to, as DFlash, SGLang and "
+                             "vLLM load them, with a README.md model card")
     parser.add_argument("--target", type=Path, default=None,
-                        help="the target model directory the drafter is checked against "
-                             "(default: the one recorded in the run directory's config.json)")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16", help="weights dtype (default bfloat16)")
+                        help="the target model directory the drafter is checked against (default: the one recorded "
+                             "in the run directory's config.json)")
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="bfloat16",
+                        help="dtype of the written weights (default bfloat16, as servers run them; float32 keeps "
+                             "the training precision)")
 
 
 def recorded_target(ckpt_dir: Path) -> Path | None:

@@ -16,19 +16,43 @@ _THINKING = {"on": True, "off": False}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", type=Path, default=None, help="target model directory (required without --endpoint)")
-    parser.add_argument("--input", required=True, help="conversations: .jsonl[.gz] / .json / .parquet (messages or conversations)")
-    parser.add_argument("--out", type=Path, required=True, help="output JSONL (appended to: rerun to resume)")
-    parser.add_argument("--endpoint", default=None, help="OpenAI-compatible server, e.g. http://localhost:8000/v1")
-    parser.add_argument("--model", default=None, help="model name the server serves (default: --target as given)")
-    parser.add_argument("--concurrency", type=int, default=16, help="requests in flight with --endpoint (default 16)")
-    parser.add_argument("--max-new-tokens", type=int, default=2048, help="longest reply in tokens (default 2048)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy (default)")
-    parser.add_argument("--batch-size", type=int, default=16, help="conversations per local generate call (default 16)")
-    parser.add_argument("--thinking", choices=sorted(_THINKING), default=None, help="enable_thinking for templates that have it")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N records of the input")
-    parser.add_argument("--retries", type=int, default=3, help="retries per request on 429/5xx/connection errors (default 3)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (local generation)")
+    io = parser.add_argument_group("inputs and output")
+    io.add_argument("--input", required=True, metavar="FILE",
+                    help="conversations whose assistant turns are replaced: .jsonl[.gz] / .json / .parquet "
+                         "(OpenAI messages or ShareGPT conversations)")
+    io.add_argument("--out", type=Path, required=True, metavar="FILE",
+                    help="output JSONL, appended to: rerun the same command after an interruption to continue "
+                         "(nothing is redone or duplicated); failures go to OUT.failed.jsonl with the reason")
+    io.add_argument("--limit", type=int, default=None, metavar="N",
+                    help="regenerate only the first N records of --input (a trial; default: all)")
+    where = parser.add_argument_group("where the target runs")
+    where.add_argument("--target", type=Path, default=None, metavar="DIR",
+                       help="the target model directory, to generate locally (GPU if there is one); required "
+                            "without --endpoint")
+    where.add_argument("--endpoint", default=None, metavar="URL",
+                       help="an OpenAI-compatible server serving the target instead, e.g. "
+                            "http://localhost:8000/v1 (vLLM, SGLang): much faster for a large target")
+    where.add_argument("--model", default=None, metavar="NAME",
+                       help="with --endpoint: the model name the server serves (default: --target as given)")
+    where.add_argument("--concurrency", type=int, default=16, metavar="REQUESTS",
+                       help="with --endpoint: requests in flight at once; raise it until the server is busy "
+                            "(default 16)")
+    where.add_argument("--retries", type=int, default=3, metavar="N",
+                       help="with --endpoint: retries per request on 429/5xx/connection errors, with backoff "
+                            "(default 3)")
+    where.add_argument("--batch-size", type=int, default=16, metavar="CONVERSATIONS",
+                       help="locally: conversations per batched generate call; lower it if generation runs out "
+                            "of memory (default 16)")
+    gen = parser.add_argument_group("generation")
+    gen.add_argument("--max-new-tokens", type=int, default=2048, metavar="TOKENS",
+                     help="the longest reply, in tokens; a longer one is cut there (default 2048)")
+    gen.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                     help="sampling temperature; 0 = greedy (default), the replies a greedy server would give")
+    gen.add_argument("--thinking", choices=sorted(_THINKING), default=None,
+                     help="enable_thinking passed to chat templates that have it (Qwen3): on or off; default: "
+                          "the template's own default")
+    gen.add_argument("--seed", type=int, default=0, metavar="N",
+                     help="seed of the sampling in local generation with --temperature > 0 (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,7 +7,9 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, help="the run directory (holds metrics.jsonl)")
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR",
+                        help="the run directory of `draftline train` (reads its metrics.jsonl; writes the plots "
+                             "and summary.md into RUN_DIR/report/); works on a live run too")
 
 
 def run(args: argparse.Namespace) -> int:

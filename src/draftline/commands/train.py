@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import types
@@ -36,6 +37,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--max-batch-size": ("data", "max_batch_size"),
     "--max-anchors": ("data", "max_anchors"),
     "--max-length": ("data", "max_length"),
+    "--sort-window": ("data", "sort_window"),
     "--epochs": ("data", "epochs"),
     "--seed": ("data", "seed"),
     "--no-balance-steps": ("data", "balance_steps"),
@@ -43,12 +45,14 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--min-lr-ratio": ("optim", "min_lr_ratio"),
     "--warmup-ratio": ("optim", "warmup_ratio"),
     "--weight-decay": ("optim", "weight_decay"),
+    "--betas": ("optim", "betas"),
     "--grad-clip": ("optim", "grad_clip"),
     "--grad-accum": ("optim", "grad_accum"),
     "--loss-gamma": ("optim", "loss_gamma"),
     "--distill": ("optim", "distill"),
     "--global-batch-tokens": ("optim", "global_batch_tokens"),
     "--max-steps": ("optim", "max_steps"),
+    "--max-bad-steps": ("optim", "max_bad_steps"),
     "--targets": ("topology", "targets"),
     "--drafters": ("topology", "drafters"),
     "--colocated": ("topology", "colocated"),
@@ -85,20 +89,61 @@ _FLAGS: dict[str, tuple[str, str]] = {
 _OFF_SWITCHES = {"--no-tensorboard", "--no-preflight", "--no-compile", "--no-balance-steps", "--random-init"}  # these turn a default-on bool field off
 
 
-def _help(section: str, name: str) -> str:
+# What a flag's value is, in its usage line: the unit where there is one, else the kind of value.
+_METAVARS = {
+    "--target": "DIR", "--init-drafter": "DIR", "--eval-prompts": "FILE", "--wandb-project": "NAME",
+    "--dtype": "{auto,bfloat16,float32}", "--device": "{auto,cuda,cpu}", "--attention": "{auto,flex,flash,dense}",
+    "--layer-types": "TYPE,TYPE,...", "--target-layer-ids": "ID,ID,...", "--betas": "BETA1,BETA2",
+    "--token-budget": "TOKENS", "--global-batch-tokens": "TOKENS", "--max-length": "TOKENS",
+    "--sliding-window": "TOKENS", "--mask-token-id": "TOKEN_ID", "--eval-max-new-tokens": "TOKENS",
+    "--eval-final-max-new-tokens": "TOKENS", "--max-anchors": "ANCHORS", "--max-batch-size": "DOCS",
+    "--sort-window": "SAMPLES", "--max-steps": "STEPS", "--max-bad-steps": "STEPS", "--save-every": "STEPS",
+    "--eval-every": "STEPS", "--save-every-minutes": "MINUTES", "--log-every": "SECONDS",
+    "--failure-timeout": "SECONDS", "--peak-tflops": "TFLOPS", "--memory-headroom-gib": "GIB",
+    "--head-chunk-rows": "ROWS", "--max-query-rows": "ROWS", "--q-pre": "BATCHES", "--q-hs": "BATCHES",
+    "--grad-accum": "BATCHES", "--eval-num-prompts": "PROMPTS", "--eval-final-num-prompts": "PROMPTS",
+    "--targets": "RANKS", "--drafters": "RANKS", "--draft-layers": "LAYERS", "--block-size": "TOKENS",
+    "--epochs": "EPOCHS", "--keep": "CHECKPOINTS", "--lr": "LR", "--min-lr-ratio": "RATIO",
+    "--warmup-ratio": "RATIO", "--distill": "WEIGHT", "--loss-gamma": "POSITIONS", "--grad-clip": "NORM",
+    "--weight-decay": "X", "--seed": "N",
+}
+
+
+def _section_class(section: str) -> type:
+    return type(getattr(TrainConfig(), section))
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%%")  # argparse formats help strings with %
+
+
+def _help(flag: str, section: str, name: str) -> str:
+    """The field's own docstring (draftline.config), then where it lives in a config file and its default."""
+    from draftline.config_docs import field_docs
+
     default = getattr(getattr(TrainConfig(), section), name)
-    return f"{section}.{name} (default {default!r})"
+    doc = field_docs(_section_class(section)).get(name, "")
+    if flag in _OFF_SWITCHES:
+        where = f"[{section}] {name} = false; default: on"
+    elif isinstance(default, bool):
+        where = f"[{section}] {name} = true; default: off"
+    elif default in ("", []):
+        where = f"[{section}] {name}"
+    else:
+        shown = "none" if default is None else ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        where = f"[{section}] {name}; default: {shown}"
+    return _escape(f"{doc} ({where})" if doc else f"({where})")
 
 
 def _flag_type(section: str, name: str):
     """The argparse type of a field's flag, from its annotation (``X | None`` as ``X``)."""
-    hint = field_types(type(getattr(TrainConfig(), section)))[name]
+    hint = field_types(_section_class(section))[name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
         hint = args[0]
     if hint is bool:
         return bool
-    if typing.get_origin(hint) is list:
+    if typing.get_origin(hint) in (list, tuple):  # a tuple's length is checked with the config's other checks
         item = typing.get_args(hint)[0]
 
         def comma_list(text: str) -> list:
@@ -113,21 +158,62 @@ def _flag_type(section: str, name: str):
     return hint
 
 
+def _metavar(flag: str, kind) -> str:
+    if flag in _METAVARS:
+        return _METAVARS[flag]
+    return {int: "N", float: "X", str: "VALUE"}.get(kind, "A,B,...")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="a TOML or JSON file with [model], [data], [optim], ... sections; flags override it")
-    parser.add_argument("--out", help="run directory (checkpoints, metrics.jsonl, tensorboard/, final/)")
-    parser.add_argument("--data", nargs="+", help="a prepared dataset directory (written by `draftline prepare`)")
-    parser.add_argument("--gpus", "--nproc", dest="gpus", type=int,
-                        help="launch this many processes on this node with torchrun (one per GPU; with --device cpu, CPU processes)")
-    parser.add_argument("--max-restarts", type=int, default=0, help="with --gpus: torchrun restarts after a failure (each resumes)")
+    """Options grouped by config section, each explained by its field's docstring in draftline.config."""
+    from draftline.config_docs import field_docs, section_doc
+
+    parser.description = (
+        "Train a DFlash drafter: targets -> hidden-state queue -> drafters. Every option below is also a field "
+        "of a TOML or JSON config file (--config; the flag overrides the file), shown after its text as "
+        "[section] field."
+    )
+    run_group = parser.add_argument_group("run", "The config file and the run directory.")
+    run_group.add_argument("--config", metavar="FILE",
+                           help="a TOML or JSON file with [model], [data], [optim], ... sections (the fields "
+                                "below); flags given as well override it")
+    run_group.add_argument("--out", metavar="DIR", help=_escape(f"{field_docs(TrainConfig)['out']} (out, at the "
+                                                                "top of a config file)"))
+    groups = {}
+    for section in ("model", "data", "optim", "topology", "checkpoint", "monitor", "engine"):
+        about = section_doc(_section_class(section)).removeprefix(f"[{section}]").strip()
+        groups[section] = parser.add_argument_group(f"[{section}]", _escape(about))
+    groups["data"].add_argument("--data", nargs="+", metavar="DIR", help=_help("--data", "data", "data"))
+    topology = groups["topology"]
+    topology.add_argument("--gpus", "--nproc", dest="gpus", type=int, metavar="N", help=_help("--gpus", "topology", "gpus"))
+    topology.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                          help="with --gpus: times torchrun restarts the whole job after a rank fails; each restart "
+                               "resumes from the latest checkpoint (a command-line option only; default: 0)")
     for flag, (section, name) in _FLAGS.items():
         kind = _flag_type(section, name)
+        group = groups[section]
         if flag in _OFF_SWITCHES:
-            parser.add_argument(flag, action="store_false", default=None, help=f"turn off {_help(section, name)}")
+            group.add_argument(flag, action="store_false", default=None, help=_help(flag, section, name))
         elif kind is bool:
-            parser.add_argument(flag, action="store_true", default=None, help=_help(section, name))
+            group.add_argument(flag, action="store_true", default=None, help=_help(flag, section, name))
         else:
-            parser.add_argument(flag, type=kind, help=_help(section, name))
+            group.add_argument(flag, type=kind, metavar=_metavar(flag, kind), help=_help(flag, section, name))
+
+
+def explain_like_train(parser: argparse.ArgumentParser) -> None:
+    """Give an option of another command that has no help of its own, and is also a ``train`` option
+    (plan's --token-budget, --max-anchors, ...), train's explanation: one source for what it means."""
+    for action in parser._actions:
+        flag = next((o for o in action.option_strings if o in _FLAGS), None)
+        if action.help is None and flag is not None:
+            section, name = _FLAGS[flag]
+            from draftline.config_docs import field_docs
+
+            doc = field_docs(_section_class(section)).get(name)
+            if doc:
+                action.help = _escape(doc) + " (as in train; default: %(default)s)"
+            if action.metavar is None and action.nargs is None and action.type is not None:
+                action.metavar = _METAVARS.get(flag)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -139,6 +225,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             overrides.setdefault(section, {})[name] = value
+    if args.gpus is not None:
+        overrides.setdefault("topology", {})["gpus"] = args.gpus
     if args.data:
         overrides.setdefault("data", {})["data"] = list(args.data)
     if args.out:
@@ -157,12 +245,33 @@ def _cpu_launch_env(device: str) -> None:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def _launch(args: argparse.Namespace, argv: list[str], out: str, device: str) -> int:
-    """Re-run this command under torchrun with ``args.gpus`` local processes."""
+def threads_per_rank(num_processes: int) -> int:
+    """OpenMP threads of each of ``num_processes`` ranks on this node: its cores shared out, so the
+    ranks do not oversubscribe them (torchrun would set 1, and print a banner saying so)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, num_processes))
+
+
+def _launch_env(device: str, num_processes: int) -> None:
+    """The environment the launched ranks inherit; a variable the user set stays."""
+    _cpu_launch_env(device)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(num_processes)))
+    # On SIGINT/SIGTERM torchrun passes the signal on and waits this long before it kills the ranks:
+    # long enough for the step in flight and the stop's checkpoint (torchrun's default is 30 s).
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
+
+
+def _launch(gpus: int, max_restarts: int, argv: list[str], out: str, device: str) -> int:
+    """Re-run this command under torchrun with ``gpus`` local processes (a config file's
+    topology.gpus reaches the ranks too; they run under torchrun, so they do not launch again)."""
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    _cpu_launch_env(device)
+    _launch_env(device, gpus)
 
     rest, skip = [], False
     for item in argv:
@@ -175,7 +284,7 @@ def _launch(args: argparse.Namespace, argv: list[str], out: str, device: str) ->
         if item.startswith(("--gpus=", "--nproc=", "--max-restarts=")):
             continue
         rest.append(item)
-    torchrun_args = ["--standalone", f"--nproc-per-node={args.gpus}", f"--max-restarts={args.max_restarts}",
+    torchrun_args = ["--standalone", f"--nproc-per-node={gpus}", f"--max-restarts={max_restarts}",
                      "-m", "draftline", "train", *rest]
     started = time.time()
     try:
@@ -186,7 +295,42 @@ def _launch(args: argparse.Namespace, argv: list[str], out: str, device: str) ->
         culprit = _name_failed_rank(Path(out), rank, first, started)
         print(f"draftline: the run failed: {culprit} (see the ranks' messages above)", file=sys.stderr)
         return code if code and code > 0 else 1
+    except SignalException as exc:  # torchrun passed the signal to the ranks and waited for them
+        return _stopped(Path(out), exc.sigval, started)
     return 0
+
+
+def _stopped(run_dir: Path, signum: int, started: float) -> int:
+    """The exit code of a launch stopped by a signal, from how its ranks ended: the logging rank's
+    end record in RUN_DIR/metrics.jsonl (its message, with the checkpoint, is above)."""
+    end = _last_end_record(run_dir / "metrics.jsonl", started)
+    if end is not None and end.get("status") in ("stopped", "finished"):
+        return 0
+    if end is not None and end.get("status") == "failed":
+        return 1
+    name = signal.Signals(signum).name
+    print(f"draftline: stopped by {name} before the run saved a checkpoint of its stop; --resume continues "
+          "from the latest checkpoint, if there is one", file=sys.stderr)
+    return 128 + int(signum)
+
+
+def _last_end_record(path: Path, since: float) -> dict | None:
+    """The last ``kind: "end"`` record written at or after ``since`` (read from the file's tail)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("kind") == "end" and record.get("time", 0) >= since:
+            return record
+    return None
 
 
 def _name_failed_rank(run_dir: Path, rank: int, failure, started: float) -> str:
@@ -211,7 +355,9 @@ def _name_failed_rank(run_dir: Path, rank: int, failure, started: float) -> str:
         written = False
     if written:  # a rank's watchdog named the culprit; it may have stopped the others before torchrun saw it
         return json.loads(failure_json.read_text())["message"]
-    if run_dir.is_dir() and not written:
+    from draftline.pipeline.rundir import live_owner
+
+    if run_dir.is_dir() and not written and live_owner(run_dir) is None:  # not into another live run's directory
         failure_json.write_text(json.dumps({"time": time.time(), "message": message, "step": None,
                                             "checkpoint": None}, indent=2) + "\n")
     return message
@@ -237,12 +383,26 @@ def _die_with_launcher() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from draftline.pipeline.signals import interrupt_until_training
+
+    interrupt_until_training()  # a stop before the line handles signals: a message, not a traceback
     from draftline.config import validate
+    from draftline.errors import DraftlineError
     from draftline.pipeline.run import run_training
 
     config = config_from_args(args)
     validate(config)
-    if args.gpus and args.gpus > 1 and "LOCAL_RANK" not in os.environ:
-        return _launch(args, list(getattr(args, "argv", sys.argv[2:])), config.out, config.topology.device)
+    gpus = config.topology.gpus  # --gpus, or topology.gpus of a config file
+    if args.max_restarts < 0:
+        raise DraftlineError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.max_restarts and not (gpus and gpus > 1 and "LOCAL_RANK" not in os.environ):
+        raise DraftlineError("--max-restarts needs --gpus N (or topology.gpus) > 1: it is torchrun's restart count; "
+                             "a job started by torchrun itself takes torchrun's own --max-restarts")
+    if gpus and gpus > 1 and "LOCAL_RANK" not in os.environ:
+        from draftline.pipeline.rundir import check_run_dir_free
+
+        check_run_dir_free(config.out)  # refused before any rank starts; rank 0 takes the lock itself
+        return _launch(gpus, args.max_restarts, list(getattr(args, "argv", sys.argv[2:])), config.out,
+                       config.topology.device)
     _die_with_launcher()
     return run_training(config)

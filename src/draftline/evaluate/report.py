@@ -237,6 +237,21 @@ def _config_lines(config: dict) -> list[str]:
     return lines
 
 
+def _epochs_row(log: RunLog, start: dict) -> str:
+    """Epochs trained: the record's count (2.00 of 2 for a 2-epoch run that is through). A record of an
+    older writer has only the 0-based epoch being trained, shown as such, 1-based."""
+    config = start.get("config") if isinstance(start.get("config"), dict) else {}
+    of = log.last("train", "num_epochs") or (config.get("data") or {}).get("epochs")
+    total = f" of {of}" if of else ""
+    done = log.last("train", "epochs_done")
+    if isinstance(done, (int, float)):
+        return f"| epochs trained | {done:.2f}{total} |"
+    epoch = log.last("train", "epoch")
+    if isinstance(epoch, int):
+        return f"| epoch being trained | {epoch + 1}{total} |"
+    return "| epochs trained | n/a |"
+
+
 def summary_markdown(run_dir: Path, log: RunLog, report: Report) -> str:
     segments = log.segments
     first_start = next((s.start for s in segments if s.start), {})
@@ -265,7 +280,7 @@ def summary_markdown(run_dir: Path, log: RunLog, report: Report) -> str:
         f"| samples | {_fmt(log.last('train', 'samples'))} |",
         f"| tokens | {_fmt(log.last('train', 'tokens'))} |",
         f"| optimizer steps | {_fmt(step)} |",
-        f"| epoch | {_fmt(log.last('train', 'epoch'))} |",
+        _epochs_row(log, first_start),
         f"| final loss | {_fmt(log.last('train', 'loss'))} |",
         f"| final accuracy | {_fmt(log.last('train', 'accuracy'))} |",
         "| tau (measured: speculative decoding, held-out prompts) | "
@@ -273,7 +288,8 @@ def summary_markdown(run_dir: Path, log: RunLog, report: Report) -> str:
            if evals else "n/a (no eval records) |"),
         "| teacher-forced acceptance (uniform anchors; overstates tau) | "
         f"{_fmt(_first(log.last('train', 'tf_acceptance'), log.last('train', 'expected_acceptance')))} |",
-        f"| throughput (last) | {_fmt(log.last('train', 'ktok_s'))} Ktok/s, MFU {_percent(log.last('train', 'mfu'))} |",
+        f"| throughput (last) | {_fmt(log.last('train', 'ktok_s'))} Ktok/s"
+        + (f", MFU {_percent(log.last('train', 'mfu'))} |" if log.last("train", "mfu") is not None else " (no MFU: CPU) |"),
         f"| wall time | {_duration(wall_s)} |",
         f"| GPU-hours | {f'{gpu_hours:.2f}' if any_gpu else 'n/a (CPU run)'} |",
         "",

@@ -8,7 +8,9 @@ not yet in the target's KV cache) and ``B`` the block size::
     accept   a = the drafts the target agrees with (greedy) or keeps (rejection sampling),
              plus one token of its own: a + 1 tokens committed, the last one the next anchor
     commit   crop the target's cache back to x_<s+a+1; the features of x_s .. x_s+a are the
-             drafter's new context (its cache holds context keys/values only, never a block)
+             drafter's new context (its cache holds context keys/values only, never a block).
+             Linear-attention layers (hybrid targets) cannot be cropped: their states go back to
+             before the block and x_s .. x_s+a run once more (``_LinearStates``)
 
 Prompt and output are laid out as the official ``dflash_generate`` lays them out: ``output_ids`` is
 the prompt, the target's first token (from the prefill, not counted as a step), then each step's
@@ -175,6 +177,36 @@ def _crop(cache: DynamicCache, length: int) -> None:
         cache.crop(length)
 
 
+class _LinearStates:
+    """The recurrent and convolution states of a cache's linear-attention layers (Gated DeltaNet), kept
+    from before a verification to go back to after it.
+
+    ``crop`` cannot take rejected drafts out of these layers: transformers' cache keeps the convolution
+    inputs of the block but only the recurrent state after its last row, which has the rejected rows
+    folded in. Verification therefore starts from a copy; when drafts are rejected, the states are put
+    back and the kept rows run once more, so the state holds exactly the committed tokens.
+    """
+
+    def __init__(self, cache: DynamicCache):
+        self.layers = [layer for layer in getattr(cache, "layers", ()) if hasattr(layer, "recurrent_states")]
+        self.saved: list | None = None
+
+    def save(self) -> None:
+        self.saved = [({i: _copy(t) for i, t in layer.recurrent_states.items()},
+                       {i: _copy(t) for i, t in layer.conv_states.items()}) for layer in self.layers]
+
+    def restore(self) -> None:
+        for layer, (recurrent, conv) in zip(self.layers, self.saved):
+            for i, state in recurrent.items():
+                if state is not None:
+                    layer.recurrent_states[i].copy_(state)  # in place: the layer keeps its tensor
+            layer.conv_states.update(conv)
+
+
+def _copy(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.clone()
+
+
 def _features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
     """Feature id l is the output of decoder layer l, HF ``hidden_states[l + 1]``; [T, K * H]."""
     return torch.cat([hidden_states[i + 1][0] for i in layer_ids], dim=-1)
@@ -242,6 +274,7 @@ def speculative_generate(
     start = num_prompt  # position of the anchor, the last committed token
     acceptance_lengths: list[int] = []
     stopped = tokens[-1] in stop
+    linear = _LinearStates(cache)
 
     while start + 1 < max_length and not stopped:
         size = min(block_size, max_length - start)
@@ -255,6 +288,8 @@ def speculative_generate(
                 draft_probs = probabilities(draft_logits, sampling)
                 block[1:] = torch.multinomial(draft_probs, 1, generator=generator)[:, 0]
 
+        if linear.layers:
+            linear.save()
         verify = target(
             block[None],
             position_ids=torch.arange(start, start + size, device=device)[None],
@@ -288,6 +323,12 @@ def speculative_generate(
         # Rows s .. s+produced-1 are committed and keep their cache and features; the last committed
         # token is the next anchor and enters the cache with the next block.
         new_features = _features(verify.hidden_states, proposer.target_layer_ids)[:produced]
+        if linear.layers and produced < size:  # rejected rows are folded into the recurrent states
+            _crop(cache, start)
+            linear.restore()
+            rerun = target(block[None, :produced], position_ids=torch.arange(start, start + produced, device=device)[None],
+                           **{cache_arg: cache}, use_cache=True, output_hidden_states=True)
+            new_features = _features(rerun.hidden_states, proposer.target_layer_ids)
         anchor = proposal[produced - 1]
         start += produced
         _crop(cache, start)

@@ -1,11 +1,11 @@
 """The status display: a live ``rich`` panel on a terminal, one plain line per interval in a log.
 
     ┌ draftline · step 1,234/10,000 · epoch 2/6 · ETA 3h12m ─────────────────────┐
-    │ throughput   Ktok/s  samples/s  TFLOP/s  MFU     (peak and its source)     │
+    │ throughput   Ktok/s  samples/s  FLOP/s  MFU  (peak and source; CPU: no MFU) │
     │ queues       q_pre per target, q_hs, batches/s and waiting per side        │
     │              -> which side waits and what to change                        │
     │ training     loss, accuracy, tau (measured), tf-acc, lr, grad, skipped     │
-    │ GPUs         rank, role, name, memory used/total, utilisation              │
+    │ GPUs         rank, role, name, memory used/total, utilisation (not on CPU) │
     └────────────────────────────────────────────────────────────────────────────┘
 """
 
@@ -21,6 +21,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from draftline.monitor.peak import format_flops
 from draftline.monitor.status import LineStatus, format_duration
 
 # A side that waits less than this is busy enough; balance is never perfect.
@@ -65,10 +66,14 @@ def _acc_row(status: LineStatus) -> str:
 
 
 def balance_advice(status: LineStatus) -> str:
-    """Which side of the line waits, how much, and what to change.
+    """Which side of the line waits, how much, and what to change in this layout.
 
     Targets wait when q_hs is full (drafters are slower) or their prefetch queues are empty (data
-    is slower); drafters wait when q_hs is empty (targets are slower).
+    is slower); drafters wait when q_hs is empty (targets are slower). A split (T targets + D
+    drafters) is rebalanced by moving a rank to the slower side (``--targets``/``--drafters``, which
+    the advice spells out) or by changing the drafter's work per token (``--max-anchors``). A
+    colocated layout (one process, or ``--colocated``) has no split: target and drafter take turns
+    on one device, so one of them waiting is how it runs, not a sign of idle hardware.
     """
     target, drafter = status.target_wait, status.drafter_wait
     if not _known(target) or not _known(drafter):
@@ -77,16 +82,26 @@ def balance_advice(status: LineStatus) -> str:
     if target_waits and drafter_waits:
         return (
             f"both sides wait (targets {target:.0%}, drafters {drafter:.0%} of the time): the hand-off "
-            "between them is slow, not the GPU split; check the transport and host-side work"
+            "between them is slow, not the balance of work; check the transport and host-side work"
         )
-    if drafter_waits:
-        return f"drafters wait {drafter:.0%} of the time (q_hs empty): add targets or raise --token-budget"
     if target_waits:
         data_starved = bool(status.q_pre) and max(status.q_pre) == 0
         hs_full = status.q_hs_capacity is None or status.q_hs >= status.q_hs_capacity
         if data_starved and not hs_full:
             return f"targets wait {target:.0%} of the time on data (q_pre empty): data loading is the bottleneck"
-        return f"targets wait {target:.0%} of the time (q_hs full): add drafters or lower --max-anchors"
+    if status.colocated:
+        if not (target_waits or drafter_waits):
+            return f"balanced: target and drafter share each device (waits: target {target:.0%}, drafter {drafter:.0%})"
+        side, other, wait = ("target", "drafter", target) if target_waits else ("drafter", "target", drafter)
+        return (f"colocated: the {side} waits {wait:.0%} of the time while its {other} computes on the same device "
+                f"(expected: nothing to rebalance; `draftline plan` compares a target/drafter split)")
+    t, d = status.num_targets, status.num_drafters
+    if drafter_waits:
+        move = f"--targets {t + 1} --drafters {d - 1}" if t and d and d > 1 else "add target ranks"
+        return f"drafters wait {drafter:.0%} of the time (q_hs empty): {move}, or raise --max-anchors"
+    if target_waits:
+        move = f"--targets {t - 1} --drafters {d + 1}" if t and d and t > 1 else "add drafter ranks"
+        return f"targets wait {target:.0%} of the time (q_hs full): {move}, or lower --max-anchors"
     return f"balanced: targets wait {target:.0%}, drafters {drafter:.0%} of the time"
 
 
@@ -96,14 +111,25 @@ def _mfu(status: LineStatus) -> str:
     return _pct_1(status.mfu) + (f" ({_pct_1(ceiling)} of ceiling)" if ceiling == ceiling else "")
 
 
+def _quotes_mfu(status: LineStatus) -> bool:
+    return status.peak is not None and status.peak.for_mfu
+
+
+def _flops_rate(status: LineStatus) -> str:
+    """The counted model FLOP rate in a unit that reads (a CPU line does GFLOP/s, not "0 TFLOP/s")."""
+    return f"{format_flops(status.tflops * 1e12)}/s" if _known(status.tflops) else "n/a FLOP/s"
+
+
 def render_panel(status: LineStatus) -> Panel:
     """The status as one ``rich`` panel."""
     throughput = Table.grid(padding=(0, 2))
-    for _ in range(5):
+    heads = ["Ktok/s", "samples/s", "FLOP/s"] + (["MFU"] if _quotes_mfu(status) else []) + ["trained on"]
+    for _ in heads:
         throughput.add_column(justify="right")
-    throughput.add_row("Ktok/s", "samples/s", "TFLOP/s", "MFU", "trained on")
-    throughput.add_row(_num(status.ktok_s, ".1f"), _num(status.samples_s, ".2f"), _num(status.tflops, ".0f"),
-                       _mfu(status), f"{status.samples:,} samples, {status.tokens / 1e6:,.1f}M tokens")
+    throughput.add_row(*heads)
+    throughput.add_row(_num(status.ktok_s, ".1f"), _num(status.samples_s, ".2f"), _flops_rate(status),
+                       *([_mfu(status)] if _quotes_mfu(status) else []),
+                       f"{status.samples:,} samples, {status.tokens / 1e6:,.1f}M tokens")
     peak = Text(status.peak.describe() if status.peak is not None else "peak n/a: MFU unknown", style="dim")
 
     queues = Table.grid(padding=(0, 2))
@@ -125,21 +151,21 @@ def render_panel(status: LineStatus) -> Panel:
     )
     training.add_row("acc % by slot", _acc_row(status) or "n/a")
 
-    gpus = Table(box=None, padding=(0, 2), show_edge=False)
-    for name in ("rank", "role", "device", "memory", "util", "SM clock"):
-        gpus.add_column(name, style="bold" if name == "rank" else None)
-    for gpu in status.gpus:
-        gpus.add_row(_opt(gpu.rank), _opt(gpu.role), gpu.name, gpu.memory_text(), gpu.util_text(), gpu.clock_text())
-    if not status.gpus:
-        gpus.add_row("-", "-", "no GPU", "n/a", "n/a", "n/a")
-
-    title = f"draftline · {_steps(status)} · {_epoch(status)} · ETA {format_duration(status.eta_s)}"
-    body = Group(
+    sections = [
         Text("throughput", style="bold cyan"), throughput, peak,
         Text("queues", style="bold cyan"), queues,
         Text("training", style="bold cyan"), training,
-        Text("GPUs", style="bold cyan"), gpus,
-    )
+    ]
+    if status.gpus:  # a CPU line has no device figures: no section of n/a
+        gpus = Table(box=None, padding=(0, 2), show_edge=False)
+        for name in ("rank", "role", "device", "memory", "util", "SM clock"):
+            gpus.add_column(name, style="bold" if name == "rank" else None)
+        for gpu in status.gpus:
+            gpus.add_row(_opt(gpu.rank), _opt(gpu.role), gpu.name, gpu.memory_text(), gpu.util_text(), gpu.clock_text())
+        sections += [Text("GPUs", style="bold cyan"), gpus]
+
+    title = f"draftline · {_steps(status)} · {_epoch(status)} · ETA {format_duration(status.eta_s)}"
+    body = Group(*sections)
     return Panel(body, title=title, title_align="left")
 
 
@@ -162,17 +188,18 @@ def status_line(status: LineStatus) -> str:
     """The status as one plain line, for logs."""
     gpus = " ".join(
         f"[{_opt(g.rank)}:{_opt(g.role)} {g.memory_text()} {g.util_text()} {g.clock_text()}]" for g in status.gpus
-    ) or "n/a"
+    )
+    mfu = f" MFU {_mfu(status)}" if _quotes_mfu(status) else ""
     return (
         f"{_steps(status)} {_epoch(status)} | {_num(status.ktok_s, '.1f')} Ktok/s "
-        f"{_num(status.samples_s, '.2f')} samples/s {_num(status.tflops, '.0f')} TFLOP/s MFU {_mfu(status)} | "
+        f"{_num(status.samples_s, '.2f')} samples/s {_flops_rate(status)}{mfu} | "
         f"q_pre {_q_pre(status)} q_hs {_queue(status.q_hs, status.q_hs_capacity)} | "
         f"targets {_num(status.target_batches_s, '.2f')} b/s wait {_pct(status.target_wait)} | "
         f"drafters {_num(status.drafter_batches_s, '.2f')} b/s wait {_pct(status.drafter_wait)} | "
         f"loss {_num(status.loss, '.4f')} acc {_num(status.accuracy, '.3f')} "
         f"{_tau(status)} tf-acc {_num(status.tf_acceptance, '.2f')} lr {_num(status.lr, '.2e')} "
         f"grad {_num(status.grad_norm, '.3f')} skipped {status.skipped_steps} | "
-        f"acc% {_acc_row(status) or 'n/a'} | GPUs {gpus} | ETA {format_duration(status.eta_s)} | "
+        f"acc% {_acc_row(status) or 'n/a'} | {f'GPUs {gpus} | ' if gpus else ''}ETA {format_duration(status.eta_s)} | "
         f"{balance_advice(status)}"
     )
 
@@ -198,7 +225,7 @@ class Dashboard:
             self._live.update(panel, refresh=True)
             return
         if not self._peak_printed and status.peak is not None:
-            self._print(f"MFU against {status.peak.describe()}")
+            self._print(f"MFU against {status.peak.describe()}" if status.peak.for_mfu else status.peak.describe())
             self._peak_printed = True
         self._print(status_line(status))
 

@@ -15,8 +15,9 @@ from draftline.errors import DraftlineError
 
 # Lists whose entries are numbered from 1: block slots 1..B-1 and committed lengths 1..B.
 _ONE_BASED_LISTS = {"accuracy_by_position", "acceptance_by_position", "acceptance_hist"}
-# Fields that describe a record rather than measure something (tau_step: when the tau shown was measured).
-_NOT_SCALARS = {"kind", "time", "step", "tau_step"}
+# Fields that describe a record rather than measure something (tau_step: when the tau shown was measured;
+# num_epochs and layout: the run's shape).
+_NOT_SCALARS = {"kind", "time", "step", "tau_step", "num_epochs", "layout"}
 
 
 class MetricsLogger(Protocol):
@@ -134,6 +135,10 @@ class WandbLogger:
 
     def log(self, record: dict[str, Any]) -> None:
         kind = record.get("kind", "metrics")
+        if kind == "start":  # the run's resolved config and topology, as W&B's run config (once per start)
+            self._run.config.update(_json_safe({k: v for k, v in record.items() if k in ("config", "topology", "mode")}),
+                                    allow_val_change=True)
+            return
         values = {f"{kind}/{name}": value for name, value in flatten_scalars(record)}
         if values:
             self._run.log(values, step=int(record["step"]) if record.get("step") is not None else None)

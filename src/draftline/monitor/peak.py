@@ -73,8 +73,14 @@ class PeakFlops:
     """Why this number: spec of a known GPU, measured here, or given by the user."""
     ceiling: float | None = None
     """The measured dense matmul rate of one device (the second MFU figure), if known."""
+    for_mfu: bool = True
+    """Whether MFU is quoted against ``flops``. Not for a CPU's measured rate: it moves several-fold
+    between runs on one machine with its load and threads (docs/PERF_NOTES.md), so an MFU against it
+    would say more about the measurement than about the run."""
 
     def describe(self) -> str:
+        if not self.for_mfu:
+            return f"no MFU: {self.source}"
         text = f"peak {format_flops(self.flops)}/s per device ({self.source})"
         if self.ceiling and self.ceiling != self.flops:
             text += f"; matmul ceiling {format_flops(self.ceiling)}/s"
@@ -177,8 +183,10 @@ def resolve_peak(device: torch.device | str, dtype: torch.dtype | None = None,
         return PeakFlops(measured, f"measured here: {name} has no spec entry, 8192^3 {_dtype_name(dtype)} matmul",
                          measured)
     dtype = dtype or torch.float32
-    rate = _measure_cpu(dtype)
-    return PeakFlops(rate, f"measured here: CPU, 512^3 {_dtype_name(dtype)} matmul", rate)
+    rate = _measure_cpu(dtype)  # an order of magnitude, for planning; too unsteady to quote MFU against
+    return PeakFlops(rate, f"a CPU's matmul rate ({format_flops(rate)}/s measured here, 512^3 {_dtype_name(dtype)}) "
+                           "varies several-fold between runs; --peak-tflops sets a peak to quote MFU against",
+                     rate, for_mfu=False)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -28,9 +28,11 @@ class LineStatus:
     total_steps: int | None = None
     """Optimizer steps the run will take (None if unknown)."""
     epoch: int = 0
-    """Epoch the drafters are training on (0-based)."""
+    """Epoch the drafters are training on (0-based; the last one once the run is through)."""
     num_epochs: int | None = None
-    """Epochs of the run, for display."""
+    """Epochs of the run."""
+    epochs_done: float = 0.0
+    """Epochs trained so far, fractions included: 2.0 when a 2-epoch run is through."""
     samples: int = 0
     """Samples (documents) trained on so far."""
     tokens: int = 0
@@ -82,7 +84,13 @@ class LineStatus:
     eta_s: float | None = None
     """Seconds to the last step at the recent rate."""
     gpus: list[GpuStats] = field(default_factory=list)
-    """Memory and utilisation of each GPU of the line."""
+    """Memory and utilisation of each GPU of the line (none for CPU ranks)."""
+    num_targets: int | None = None
+    """Ranks running the target (None until they report)."""
+    num_drafters: int | None = None
+    """Ranks training the drafter (None until they report)."""
+    colocated: bool = False
+    """Each rank runs a target and a drafter (one process, or --colocated): no split to rebalance."""
 
     time: float = field(default_factory=time.time)
     """Unix time of the snapshot."""
@@ -111,6 +119,8 @@ class LineStatus:
             "step": self.step,
             "total_steps": self.total_steps,
             "epoch": self.epoch,
+            "num_epochs": self.num_epochs,
+            "epochs_done": self.epochs_done,
             "samples": self.samples,
             "tokens": self.tokens,
             "loss": self.loss,
@@ -135,6 +145,7 @@ class LineStatus:
             "drafter_batches_s": self.drafter_batches_s,
             "eta_s": self.eta_s,
             "gpus": [gpu.to_record() for gpu in self.gpus],
+            "layout": {"targets": self.num_targets, "drafters": self.num_drafters, "colocated": self.colocated},
         }
 
 

@@ -96,14 +96,15 @@ class Line:
             status = loop.train(self.spec, self.worker, self.receiver, monitor=self.monitor,
                                 checkpointer=self.checkpointer, evaluation=self.evaluation,
                                 stop_requested=self._stop_requested)
+            self.finish_drafter(status)  # before the monitor's last record, which then carries the final tau
         finally:
             self.monitor.stop()
-        self.finish_drafter(status)
+        self.end_drafter(status)
         return status
 
     def finish_drafter(self, status: str) -> None:
         """The end of a drafter's run: its checkpoint (on disk before we say so), on a finish the exported
-        drafter and the final measurement, the end record; every drafter takes part."""
+        drafter and the final measurement; every drafter takes part."""
         spec, worker, first = self.spec, self.worker, self.group.is_first
         saved = self.checkpointer.save(wait=True)
         if status == loop.FINISHED:
@@ -117,6 +118,10 @@ class Line:
         elif first:
             print(f"draftline: stopped at step {worker.step}; checkpoint {saved}; "
                   "continue with the same command and --resume")
+
+    def end_drafter(self, status: str) -> None:
+        """The end record (the first drafter), and the run over for every rank."""
+        worker, first = self.worker, self.group.is_first
         if first:
             self.logger.log({"kind": "end", "time": time.time(), "elapsed_s": time.time() - self.monitor.started,
                              "step": worker.step, "status": status,

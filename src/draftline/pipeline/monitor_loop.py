@@ -119,6 +119,7 @@ class LineMonitor:
         self.transfer: dict = {"sent_gb": 0.0}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._colocated = False
 
     # ------------------------------------------------------------------ inputs
     def on_step(self, record, worker) -> None:
@@ -144,6 +145,7 @@ class LineMonitor:
     # ------------------------------------------------------------------ output
     def _peers(self) -> tuple[list[dict], list[dict]]:
         targets, drafters = [], []
+        self._colocated = False
         for rank, stats in sorted(self.health.peer_stats().items()):
             if not stats:
                 continue
@@ -151,9 +153,20 @@ class LineMonitor:
                 targets.append(stats["target"])
             if stats.get("drafter"):
                 drafters.append(stats["drafter"])
+            if stats.get("target") and stats.get("drafter"):
+                self._colocated = True  # one process runs both: the layout has no split
             if stats.get("gpu"):
                 stats["gpu"].setdefault("rank", rank)
         return targets, drafters
+
+    def _epochs(self, step: int) -> tuple[int, float]:
+        """(the epoch being trained, 0-based; epochs trained so far, fractions included) after ``step``."""
+        total = self.schedule.total_batches
+        done = min(step * self.batches_per_step, total)
+        if done >= total:
+            return self.schedule.num_epochs - 1, float(self.schedule.num_epochs)
+        epoch, index = self.schedule.locate(done)
+        return epoch, epoch + index / self.schedule.batcher.num_batches(epoch)
 
     def snapshot(self) -> LineStatus:
         targets, drafters = self._peers()
@@ -173,15 +186,11 @@ class LineMonitor:
         summary = summarize(vector, self.block_size) if vector[3] > 0 else {}
         flops_rate = self.drafter_flops.rate() + self.target_flops.rate()
         steps_rate = self.steps.rate()
-        epoch = 0
-        try:
-            epoch, _ = self.schedule.locate(min(step * self.batches_per_step, self.schedule.total_batches - 1))
-        except IndexError:
-            pass
+        epoch, epochs_done = self._epochs(step)
         gpus = []
         for rank, stats in sorted(self.health.peer_stats().items()):
             gpu = (stats or {}).get("gpu")
-            if gpu:
+            if gpu and gpu.get("name") != "cpu":  # a CPU rank has no device figures to show
                 gpus.append(GpuStats(**gpu))
         num_targets = max(1, len(targets))
         num_drafters = max(1, len(drafters))
@@ -190,6 +199,7 @@ class LineMonitor:
             total_steps=self.total_steps,
             epoch=epoch,
             num_epochs=self.schedule.num_epochs,
+            epochs_done=epochs_done,
             samples=self.total_samples,
             tokens=self.total_tokens,
             loss=summary.get("loss", float("nan")),
@@ -203,7 +213,7 @@ class LineMonitor:
             ktok_s=self.tokens.rate() / 1e3,
             samples_s=self.samples.rate(),
             tflops=flops_rate / 1e12,
-            mfu=mfu(flops_rate, 1.0, self.peak.flops, self.num_devices),
+            mfu=mfu(flops_rate, 1.0, self.peak.flops, self.num_devices) if self.peak.for_mfu else float("nan"),
             q_pre=[int(t.get("q_pre", 0)) for t in targets],
             q_hs=int(sum(t.get("q_hs", 0) for t in targets)),
             # A wait is reported when it ends, so one long wait can land in a single window: cap at 1.
@@ -213,6 +223,9 @@ class LineMonitor:
             drafter_batches_s=self.drafter_batches.rate(),
             eta_s=eta_seconds(step, self.total_steps, steps_rate),
             gpus=gpus,
+            num_targets=len(targets) or None,
+            num_drafters=len(drafters) or None,
+            colocated=self._colocated,
             elapsed_s=time.time() - self.started,
             q_pre_capacity=self.q_pre_capacity,
             q_hs_capacity=self.q_hs_capacity,

@@ -90,6 +90,7 @@ def run_training(config: TrainConfig) -> int:
     except DraftlineError as exc:
         print(f"draftline: {exc}", file=sys.stderr, flush=True)
         code = code or 1
+    rundir.release_run_lock()  # os._exit below would skip the release at exit
     if env.world_size > 1:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,4 +1,5 @@
-"""SIGINT/SIGTERM during training: a clean stop at the next optimizer step boundary."""
+"""SIGINT/SIGTERM: a clean stop at the next optimizer step boundary once training runs; before
+that, an ``Interrupted`` exception that the command line turns into one message and exit code."""
 
 from __future__ import annotations
 
@@ -6,6 +7,31 @@ import os
 import signal
 import sys
 import threading
+import time
+
+# A repeat of the signal this soon is the same request, not a second one: a scheduler (Slurm,
+# systemd) signals every process of the job, and the ``--gpus`` launcher forwards its own copy.
+SAME_REQUEST_S = 2.0
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM before the training line handles them (imports, process group, set-up)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum, _frame):
+    raise Interrupted(signum)
+
+
+def interrupt_until_training() -> None:
+    """SIGTERM (as SIGINT already does) raises ``Interrupted`` until ``StopSignals`` takes over, so a
+    stop during start-up also ends with a message instead of a silent death or a traceback."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _raise_interrupted)
 
 
 class StopSignals:
@@ -13,13 +39,18 @@ class StopSignals:
 
     def __init__(self):
         self.requested = False
+        self._first: float | None = None
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, self._handle)
 
     def _handle(self, signum, _frame):
+        now = time.monotonic()
         if self.requested:
+            if now - self._first < SAME_REQUEST_S:
+                return
             os._exit(128 + signum)
         self.requested = True
+        self._first = now
         print(f"draftline: {signal.Signals(signum).name}: stopping at the next step boundary "
               "(checkpoint, then exit); send it again to exit at once", file=sys.stderr, flush=True)
