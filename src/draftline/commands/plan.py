@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     node.add_argument("--gpus", type=int, help="GPUs of the node (default: this node's count, else 8)")
     node.add_argument("--gpu", help='plan for this GPU by name, from the spec table (e.g. "H200", "RTX PRO 6000"); '
                                     "default: this machine's GPU, else an H200")
-    node.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU in GiB (default: --gpu's)")
+    node.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU in GiB, for a GPU not in the spec table (default: --gpu's)")
     node.add_argument("--gpu-peak-tflops", type=float, help="dense bf16 peak of one GPU in TFLOP/s (default: --gpu's)")
     node.add_argument("--link-gbs", type=float,
                       help="collective bandwidth between the GPUs in GB/s, what sharded drafters move their state over "
