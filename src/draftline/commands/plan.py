@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "(default: assumed from the GPU: NVLink or PCIe 5)")
     node.add_argument("--measure", action="store_true",
                       help="time the target's pass and the drafter's step on this machine's GPU instead of the measured MFUs")
-    node.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="device for --measure")
+    node.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="the device --measure times the roles on (cuda or cpu)")
     sizes = parser.add_argument_group("sizes (as train's flags)")
     sizes.add_argument("--token-budget", type=int, default=32768, help="tokens per batch asked for (the plan may lower it to fit)")
     sizes.add_argument("--max-query-rows", type=int, default=32768, help="block rows per drafter pass asked for")
