@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import json
 import math
+import shlex
 import time
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def select_fc_(fc: torch.nn.Linear, blocks: tuple[int, ...]) -> None:
             fc.weight[:, i * hidden : (i + 1) * hidden] += torch.eye(hidden, device=fc.weight.device)
 
 
-def _config(data: Path, seed: int, epochs: int | None, conversations_out: Path):
+def _config(data: Path, seed: int, epochs: int | None, conversations_out: Path, train_flags: str = ""):
     from draftline.commands.train import add_arguments, config_from_args
     from draftline.demo.pipeline import DemoConfig, train_args
 
@@ -72,7 +73,8 @@ def _config(data: Path, seed: int, epochs: int | None, conversations_out: Path):
         cfg.epochs = epochs
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = train_args(cfg, data, conversations_out / "unused")[1:] + ["--seed", str(seed)]
+    # extra `draftline train` flags after the demo's (a repeated flag overrides): e.g. bench/quality.py's BUDGET
+    args = train_args(cfg, data, conversations_out / "unused")[1:] + ["--seed", str(seed)] + shlex.split(train_flags)
     return cfg, config_from_args(parser.parse_args(args))
 
 
@@ -151,6 +153,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", default="ours,peer")
     parser.add_argument("--epochs", type=int, default=None, help="default: the demo's")
+    parser.add_argument("--train-flags", default="", help="`draftline train` flags applied after the demo's")
     parser.add_argument("--eval-prompts", type=int, default=24)
     parser.add_argument("--eval-max-new-tokens", type=int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -171,7 +174,7 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     device = torch.device(args.device)
     names = args.variants.split(",")
-    cfg, config = _config(args.data, args.seed, args.epochs, args.out.parent)
+    cfg, config = _config(args.data, args.seed, args.epochs, args.out.parent, args.train_flags)
     plan = plan_data(config, args.data, 1)
     layer_ids = list(ModelSpec.resolve(config).layer_ids)
     distill = any(VARIANTS[n].get("distill", 0) > 0 for n in names)

@@ -1,0 +1,230 @@
+"""SpecForge's own DFlash training code, trained on draftline's batches, exported for the official judge.
+
+    pip install --no-deps --target .venv-x/site 'specforge==0.2.0'     # the `bench` extra, without its deps
+    PYTHONPATH=.venv-x/site:src python bench/peer_objective.py --data DATA --target TARGET --out DIR \\
+        --draft-layers 3 --block-size 8 --max-anchors 32 --max-batch-size 8 --epochs 2 --seed 0
+
+Nothing of the peer is re-implemented here: its draft model (``specforge.modeling.draft.dflash``),
+its training wrapper and loss (``specforge.algorithms.common.dflash_family_model.OnlineDFlashModel``),
+its draft-config generation from the target (``training.model_loading._generate_draft_config`` with
+the DFlash provider's target-layer rule), its embedding/LM-head loader, its padding collator
+(``algorithms.common.dflash_family_data.build_collator``) and its optimizer (``optimizer.BF16Optimizer``:
+AdamW over fp32 masters of bf16 weights, its grad-norm clip and its warmup + cosine schedule) are
+imported from the ``specforge`` package and called as its trainer calls them. No module is stubbed:
+the DFlash path imports on a CPU as it is.
+
+What this script supplies (and what therefore differs from a SpecForge run):
+
+- the batches: draftline's batcher for the same flags as ``draftline train`` (same documents per
+  batch, same order, same epochs), unpacked into the peer's padded rows, one conversation per row;
+  SpecForge itself shuffles its rows uniformly (its batches mix lengths; draftline's batcher groups
+  similar lengths inside windows);
+- the target's features: draftline's ``TargetFeatures`` (fp32 on the CPU, the outputs of the same
+  layers SpecForge captures: ``hidden_states[layer_id + 1]``), cast to the drafter's dtype; SpecForge
+  captures them from SGLang in bf16;
+- the attention backend: ``eager`` (its own masked path; its default ``flex_attention`` needs a GPU
+  compile): same mask, same arithmetic up to rounding;
+- the mask token: draftline's (the peer would fall back to the pad token on the tiny target, whose
+  tokenizer names no mask token; ``--mask-token-id`` in its config does what we pass);
+- anchors: the peer draws its own (``torch.rand`` per step, per row, uniform without replacement over
+  the same eligible positions); ``--anchors ours`` hands it draftline's draw instead, so the two
+  objectives see the very same blocks (an ablation of the draw, not of the distribution).
+
+The trained drafter is written in the z-lab format (the peer's own tensor names) so that the
+official ``dflash`` package and ``draftline eval`` load it unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+import types
+from pathlib import Path
+
+import torch
+
+
+def peer_config(args, mask_token_id: int):
+    """The fields of SpecForge's run config that its DFlash builders read."""
+    model = types.SimpleNamespace(
+        target_model_path=str(args.target), cache_dir=None, trust_remote_code=False,
+        draft_num_hidden_layers=args.draft_layers, draft_block_size=args.block_size,
+        draft_model_config=None, draft_checkpoint_path=None, mask_token_id=mask_token_id,
+        torch_dtype=args.peer_dtype, embedding_key=None, lm_head_key=None, use_liger_kernel=False)
+    training = types.SimpleNamespace(
+        strategy="dflash", attention_backend="eager", num_anchors=args.max_anchors,
+        loss_decay_gamma=args.peer_gamma, objective_chunk_blocks=128, loss_type="dflash", dpace_alpha=0.5,
+        learning_rate=args.lr, max_grad_norm=args.grad_clip, warmup_ratio=args.warmup_ratio,
+        lr_scheduler="cosine", optimizer_cpu_offload=False)
+    return types.SimpleNamespace(model=model, training=training, mode="offline")
+
+
+def build_peer(args, mask_token_id: int, total_steps: int):
+    """SpecForge's draft model, training wrapper and optimizer, built by its own functions."""
+    from specforge.algorithms.dflash.providers import algorithm_providers, build_draft, build_training_model
+    from specforge.training.model_loading import resolve_draft_config
+    from transformers import AutoTokenizer
+
+    cfg = peer_config(args, mask_token_id)
+    provider = algorithm_providers().model.draft_config
+    draft_config = resolve_draft_config(cfg, provider=provider)
+    torch.manual_seed(args.seed)  # the peer's init: HF normal(0, initializer_range), seeded like its trainer
+    draft = build_draft(cfg, draft_config)
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    parts = build_training_model(cfg, draft, draft_config, None, tokenizer)
+    from specforge.optimizer import BF16Optimizer
+
+    t = cfg.training
+    optimizer = BF16Optimizer(parts.model.draft_model, lr=t.learning_rate, max_grad_norm=t.max_grad_norm,
+                              warmup_ratio=t.warmup_ratio, lr_scheduler=t.lr_scheduler, total_steps=total_steps)
+    return parts.model, optimizer, draft_config
+
+
+def padded_rows(batch, features: torch.Tensor, dtype: torch.dtype) -> dict:
+    """A packed draftline batch as the peer's collated rows: one document per row, zero-padded."""
+    from specforge.algorithms.common.dflash_family_data import build_collator
+
+    rows = []
+    for start, length in zip(batch.doc_starts().tolist(), batch.doc_lengths.tolist()):
+        rows.append({"input_ids": batch.input_ids[start:start + length].unsqueeze(0),
+                     "loss_mask": batch.loss_mask[start:start + length].long().unsqueeze(0),
+                     "hidden_states": features[start:start + length].to(dtype).unsqueeze(0)})
+    return build_collator()(rows)
+
+
+def our_anchor_draw(model, batch, max_anchors: int, seed: int):
+    """Patch the wrapper's anchor sampler to return draftline's draw for ``batch`` (same layout as its own)."""
+    from draftline.objective.anchors import sample_anchors
+
+    flat = sample_anchors(batch, max_anchors, seed)
+    starts = batch.doc_starts()
+    doc = torch.bucketize(flat, starts, right=True) - 1
+    per_doc = [flat[doc == d] - starts[d] for d in range(batch.num_docs)]
+    width = max(1, max(p.numel() for p in per_doc))
+
+    def sample(seq_len, loss_mask, device):
+        anchors = torch.zeros(len(per_doc), width, dtype=torch.long)
+        keep = torch.zeros(len(per_doc), width, dtype=torch.bool)
+        for i, p in enumerate(per_doc):
+            anchors[i, : p.numel()] = p
+            keep[i, : p.numel()] = True
+        return anchors.to(device), keep.to(device)
+
+    model._sample_anchor_positions = sample
+
+
+def export(model, out: Path, args, drafter_cfg) -> Path:
+    """The peer's trained weights (its bf16 model, as it ships them) in the z-lab format, fp32."""
+    from draftline.checkpoint.export import save_drafter
+    from draftline.model.drafter import DFlashDrafter
+
+    ours = DFlashDrafter(drafter_cfg).float()
+    state = {k: v.float() for k, v in model.draft_model.state_dict().items() if not k.startswith("rotary_emb.")}
+    missing, unexpected = ours.load_state_dict(state, strict=False)
+    missing = [k for k in missing if "rotary" not in k]
+    if missing or unexpected:
+        raise RuntimeError(f"peer tensors do not map onto the z-lab layout: missing {missing}, unexpected {unexpected}")
+    return save_drafter(ours, out, dtype=torch.float32)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", type=Path, required=True, help="a dataset prepared by `draftline prepare`")
+    p.add_argument("--target", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True, help="writes OUT/final (the drafter) and OUT/peer.json")
+    p.add_argument("--draft-layers", type=int, default=3)
+    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--max-anchors", type=int, default=32, help="the peer's num_anchors (per row = per conversation)")
+    p.add_argument("--max-batch-size", type=int, default=8, help="conversations per step (the peer's batch_size)")
+    p.add_argument("--token-budget", type=int, default=32768)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--warmup-ratio", type=float, default=0.04)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--peer-gamma", type=float, default=4.0,
+                   help="its loss_decay_gamma; 4.0 = the paper's for block 8 (its configs set the paper's 7 for block 16)")
+    p.add_argument("--peer-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="its model.torch_dtype (default bf16, as it trains; fp32 master weights either way)")
+    p.add_argument("--anchors", default="peer", choices=["peer", "ours"],
+                   help="peer: its own torch.rand draw; ours: draftline's seeded draw (the same blocks)")
+    p.add_argument("--target-layer-ids", default=None, help="override the peer's rule (comma-separated)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-steps", type=int, default=None, help="stop early (smoke tests); the schedule spans these steps")
+
+
+def draftline_config(args):
+    """The TrainConfig of the matching ``draftline train`` run (for its batches and drafter config)."""
+    from draftline.config import TrainConfig
+
+    config = TrainConfig()
+    config.model.target = str(args.target)
+    config.model.draft_layers = args.draft_layers
+    config.model.block_size = args.block_size
+    if args.target_layer_ids:
+        config.model.target_layer_ids = [int(x) for x in args.target_layer_ids.split(",")]
+    config.data.data = [str(args.data)]
+    config.data.token_budget = args.token_budget
+    config.data.max_batch_size = args.max_batch_size
+    config.data.max_anchors = args.max_anchors
+    config.data.epochs = args.epochs
+    config.data.seed = args.seed
+    config.optim.max_steps = args.max_steps
+    return config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args()
+
+    from draftline.model.target import TargetFeatures
+    from draftline.pipeline.spec import ModelSpec, plan_data
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    config = draftline_config(args)
+    plan = plan_data(config, args.data, 1)
+    ours_cfg = ModelSpec.resolve(config).drafter_config
+    mask_id = int(ours_cfg.dflash_config["mask_token_id"])
+    model, optimizer, peer_cfg = build_peer(args, mask_id, plan.total_steps)
+    peer_layers = list(model.draft_model.target_layer_ids)
+    if args.target_layer_ids:
+        peer_layers = [int(x) for x in args.target_layer_ids.split(",")]
+        model.draft_model.target_layer_ids = peer_layers
+    if peer_layers != list(ours_cfg.dflash_config["target_layer_ids"]):
+        raise RuntimeError(f"feature layers differ: peer {peer_layers}, draftline {ours_cfg.dflash_config['target_layer_ids']}")
+    dtype = getattr(torch, args.peer_dtype)
+    target = TargetFeatures(str(args.target), peer_layers, device=torch.device("cpu"), dtype=torch.float32,
+                            attn_implementation="sdpa")
+    torch.manual_seed(args.seed)  # the peer's anchor draws come from the global generator
+    print(f"peer: {sum(p.numel() for p in model.draft_model.parameters()) / 1e6:.2f}M drafter parameters, "
+          f"{plan.total_steps} steps, layers {peer_layers}, gamma {args.peer_gamma}, {args.peer_dtype}, "
+          f"anchors {args.anchors}", flush=True)
+    model.train()
+    start = time.time()
+    log = []
+    for seq in range(plan.end_seq):
+        batch = plan.batch(seq)
+        with torch.no_grad():
+            features = target(batch)
+        rows = padded_rows(batch, features, dtype)
+        if args.anchors == "ours":
+            our_anchor_draw(model, batch, args.max_anchors, args.seed)
+        loss, accuracy, _ = model(input_ids=rows["input_ids"], hidden_states=rows["hidden_states"],
+                                  loss_mask=rows["loss_mask"])
+        loss.backward()
+        grad_norm = optimizer.step()
+        if seq % 50 == 0 or seq == plan.end_seq - 1:
+            log.append({"step": seq, "loss": float(loss), "accuracy": float(accuracy), "grad_norm": float(grad_norm),
+                        "lr": optimizer.get_learning_rate(), "s": time.time() - start})
+            print(json.dumps(log[-1]), flush=True)
+    train_s = time.time() - start
+    final = export(model, args.out / "final", args, ours_cfg)
+    summary = {"arm": "peer", "steps": plan.end_seq, "train_s": train_s, "drafter": str(final),
+               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "log": log}
+    (args.out / "peer.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"peer: trained {plan.end_seq} steps in {train_s:.0f}s; wrote {final}")
+
+
+if __name__ == "__main__":
+    main()
