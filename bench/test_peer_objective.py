@@ -52,9 +52,9 @@ def test_peer_loss_and_gradients_equal_ours_on_the_same_blocks(gamma):
                                  grad_clip=1.0, warmup_ratio=0.04, peer_gamma=gamma, peer_dtype="float32", seed=0,
                                  data=None, token_budget=32768, max_batch_size=8, epochs=1, target_layer_ids=None,
                                  max_steps=None)
-    from draftline.pipeline.build import drafter_config
+    from draftline.pipeline.spec import ModelSpec
 
-    ours_cfg = drafter_config(peer.draftline_config(args))
+    ours_cfg = ModelSpec.resolve(peer.draftline_config(args)).drafter_config
     model, _, _ = peer.build_peer(args, int(ours_cfg.dflash_config["mask_token_id"]), total_steps=10)
     assert list(model.draft_model.target_layer_ids) == ours_cfg.dflash_config["target_layer_ids"]
     drafter = DFlashDrafter(ours_cfg).float()
