@@ -218,8 +218,7 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
         return Delivery(b.index, torch.randn(b.num_tokens, width, device=device, dtype=dtype), b)
 
     for b in batches[:2]:  # warm up (compilation)
-        worker.train_on(delivery(b))
-        worker.finish_step()
+        train_step(worker, delivery(b))
     sync(device)
     reset_peak(device)
     flops_before = worker.counters.flops

@@ -96,9 +96,9 @@ class Line:
             status = loop.train(self.spec, self.worker, self.receiver, monitor=self.monitor,
                                 checkpointer=self.checkpointer, evaluation=self.evaluation,
                                 stop_requested=self._stop_requested)
-            self.finish_drafter(status)  # before the monitor's last record, which then carries the final tau
         finally:
-            self.monitor.stop()
+            self.monitor.stop()  # its last record: the rates of the training's last interval
+        self.finish_drafter(status)
         self.end_drafter(status)
         return status
 
