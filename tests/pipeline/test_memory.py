@@ -171,8 +171,8 @@ def test_gpu_a_real_out_of_memory_mid_run_is_named_with_the_batch_and_exits_1(tm
     """A tiny line on CUDA (--no-preflight); after step 2 the process is capped (per-process memory
     fraction) below what a pass needs, so the next pass runs out of memory for real. About 30-60 s on
     one GPU (CUDA start, flex attention compiled for the target and the drafter, 3 steps)."""
+    from draftline.pipeline import loop
     from draftline.pipeline.compile_lock import COMPILE_LOCK
-    from draftline.pipeline.line import Line
     from helpers import make_qwen3_target
 
     target = make_qwen3_target(tmp_path / "target", vocab_size=4096, hidden_size=256, num_layers=4,
@@ -180,11 +180,11 @@ def test_gpu_a_real_out_of_memory_mid_run_is_named_with_the_batch_and_exits_1(tm
     data = write_dataset(tmp_path / "data", vocab_size=4096, num_docs=400, min_len=300, max_len=500)
     total = torch.cuda.mem_get_info()[1]
     capped = {}
-    real_after_step = Line._after_step
+    real_after_step = loop.after_step
 
-    def after_step(self, worker, vector):
-        real_after_step(self, worker, vector)
-        if worker.step == 2 and not capped:
+    def after_step(record, worker, *parts):
+        real_after_step(record, worker, *parts)
+        if record.step == 2 and not capped:
             with COMPILE_LOCK:  # no pass of the target thread in flight
                 torch.cuda.synchronize()
                 at_rest = torch.cuda.memory_allocated()
@@ -195,7 +195,7 @@ def test_gpu_a_real_out_of_memory_mid_run_is_named_with_the_batch_and_exits_1(tm
                 capped["bytes"] = at_rest + min(transient / 4, 32 * 2**20)
                 torch.cuda.set_per_process_memory_fraction(capped["bytes"] / total)
 
-    monkeypatch.setattr(Line, "_after_step", after_step)
+    monkeypatch.setattr(loop, "after_step", after_step)
     out = tmp_path / "run"
     args = base_args(target, data, out, max_steps=50, save_every=1000, token_budget=16384, max_anchors=256,
                      max_batch_size=64)
