@@ -189,6 +189,16 @@ class MemoryEstimate:
                               self.activations + other.activations, self.buffers + other.buffers)
 
 
+# The activation coefficients, calibrated on one H200 (docs/PERF_NOTES.md, "Memory model against the GPU"):
+# the target's feature pass holds ~0.7 of its widest layer's row at a time (measured 0.61x on the Qwen3-8B
+# shape, 0.79x on the Qwen3.6-27B shape); the drafter keeps ~2.1 values per trained weight column of each
+# layer for each block row (the 8B step's preflight fit: 0.99 MB per row) and ~6 bytes per logit of one
+# LM-head chunk (bf16 logits and their fp32 gradient; the 27B step at 4,096 rows: 9.3 GiB measured).
+TARGET_ROW_SHARE = 0.7
+DRAFTER_ROW_VALUES = 2.1
+HEAD_CHUNK_BYTES_PER_LOGIT = 6
+
+
 def _widest(shape: DecoderShape) -> float:
     """Columns a token's row fans out to in the widest layer (projection outputs + inputs): about
     its per-token weights over the width, plus a few residual-width tensors."""
@@ -202,7 +212,7 @@ def target_memory(shape: DecoderShape, layers_run: int, token_budget: int, num_f
     ``queued_batches`` batches waiting to be sent (K feature layers + the one being built)."""
     run = shape.with_layers_run(layers_run)
     weights = run.params() * bytes_per_value
-    activations = token_budget * _widest(run) * bytes_per_value
+    activations = TARGET_ROW_SHARE * token_budget * _widest(run) * bytes_per_value
     features = (queued_batches + 1) * token_budget * num_feature_layers * shape.hidden_size * bytes_per_value
     return MemoryEstimate(weights / _GIB, 0.0, activations / _GIB, features / _GIB)
 
@@ -213,13 +223,14 @@ def trained_params(shape: DrafterShape) -> int:
 
 
 def drafter_memory(shape: DrafterShape, token_budget: int, max_query_rows: int, queued_batches: int,
-                   bytes_per_value: int = 2, num_shards: int = 1, frozen_weights: bool = True) -> MemoryEstimate:
+                   bytes_per_value: int = 2, num_shards: int = 1, frozen_weights: bool = True,
+                   head_chunk_rows: int = 4096) -> MemoryEstimate:
     """The drafter: fp32 master weights and gradients and AdamW's two fp32 moments (16 bytes per trained
     weight), each 1/``num_shards`` when sharded (then also two layers' bf16 weights gathered at a time);
     the frozen embedding and head in bf16 (``frozen_weights``: not when a colocated target holds them);
-    activations kept for backward over ``max_query_rows`` block rows (each layer's linear inputs and outputs,
-    counted twice for the fp32 softmax/norm intermediates and the recomputed head chunks) and over the
-    ``token_budget`` context rows (features, ``fc`` output, each layer's k and v); received feature batches."""
+    activations kept for backward over ``max_query_rows`` block rows (``DRAFTER_ROW_VALUES`` per trained
+    weight column of each layer), over the ``token_budget`` context rows (features, ``fc`` output, each layer's
+    k and v), and one LM-head chunk's logits (``head_chunk_rows`` x vocabulary); received feature batches."""
     hidden = shape.hidden_size
     features_width = len(shape.target_layer_ids) * hidden
     trained = trained_params(shape)
@@ -227,9 +238,10 @@ def drafter_memory(shape: DrafterShape, token_budget: int, max_query_rows: int, 
     gathered = 0
     if num_shards > 1:
         gathered = 2 * max(layer.token_params for layer in shape.layers) * bytes_per_value
-    per_row = 2 * sum(layer.token_params / hidden + 6 * hidden for layer in shape.layers) * bytes_per_value
+    per_row = DRAFTER_ROW_VALUES * sum(layer.token_params / hidden for layer in shape.layers) * bytes_per_value
     per_context = (features_width + hidden + sum(layer.kv_width for layer in shape.layers)) * bytes_per_value
-    activations = max_query_rows * per_row + token_budget * per_context
+    head_chunk = min(head_chunk_rows, max_query_rows) * shape.vocab_size * HEAD_CHUNK_BYTES_PER_LOGIT
+    activations = max_query_rows * per_row + token_budget * per_context + head_chunk
     features = queued_batches * token_budget * features_width * bytes_per_value
     return MemoryEstimate((8 * trained / num_shards + frozen + gathered) / _GIB, 8 * trained / num_shards / _GIB,
                           activations / _GIB, features / _GIB)
