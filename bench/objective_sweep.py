@@ -36,6 +36,9 @@ from pathlib import Path
 
 import torch
 
+import sys as _sys
+_sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ modules
+
 VARIANTS = {
     "ours": {},
     "peer": {"init_from_target": False, "gamma": 4.0, "betas": (0.9, 0.999)},
@@ -105,7 +108,8 @@ class Variant:
         self.tf = []  # teacher-forced acceptance (uniform blocks) of the last steps
 
     def _anchors(self, batch, features):
-        from draftline.objective.anchors import chained_anchors, eligible_anchors, sample_anchors
+        from anchor_variants import chained_anchors
+        from draftline.objective.anchors import eligible_anchors, sample_anchors
         from draftline.objective.blocks import build_blocks
 
         s = self.objective.settings

@@ -1,4 +1,6 @@
-"""Anchors where decoding would start blocks (chained along teacher-forced acceptance lengths)."""
+"""Anchors where decoding would start blocks (chained along teacher-forced acceptance lengths).
+
+Run by hand with the sweep it serves: pytest bench/test_anchor_variants.py"""
 
 from __future__ import annotations
 
@@ -6,7 +8,12 @@ import pytest
 import torch
 
 from draftline.data.batch import PackedBatch
-from draftline.objective.anchors import chained_anchors, chained_block_starts, eligible_anchors, sample_anchors
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from anchor_variants import chained_anchors, chained_block_starts  # noqa: E402
+from draftline.objective.anchors import eligible_anchors, sample_anchors  # noqa: E402
 
 
 def test_chained_block_starts_follow_the_committed_lengths():
