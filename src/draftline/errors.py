@@ -7,3 +7,8 @@ class DraftlineError(ValueError):
     The message names what is wrong and how to fix it. It subclasses ``ValueError`` so callers
     that catch ``ValueError`` for bad input keep working.
     """
+
+
+class MachineError(DraftlineError):
+    """A problem of the machine rather than of the input (a full disk): told like a ``DraftlineError``, with
+    the fix, but the run counts as failed (exit code 1), not as refused."""

@@ -51,7 +51,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME, drafter_config_dict, load_drafter
-from draftline.errors import DraftlineError
+from draftline.errors import DraftlineError, MachineError
 
 TRAINER_STATE = "trainer.pt"
 TRAINER_JSON = "trainer.json"
@@ -254,7 +254,7 @@ def _os_error(exc: BaseException | None) -> OSError | None:
     return None
 
 
-def _write_error(exc: BaseException, pending: _Pending | None, previous: Path | None) -> DraftlineError:
+def _write_error(exc: BaseException, pending: _Pending | None, previous: Path | None) -> MachineError:
     target = pending.target if pending else None
     kept = (f"the previous checkpoint {previous} is whole and --resume continues from it" if previous else
             "the checkpoints written before are untouched")
@@ -268,7 +268,7 @@ def _write_error(exc: BaseException, pending: _Pending | None, previous: Path | 
     else:
         cause = f"{type(exc).__name__}: {str(exc)[:300]}"
         fix = "fix the cause and run the same command with --resume"
-    return DraftlineError(f"could not write checkpoint {target}: {cause}; nothing of it was kept and {kept}; {fix}")
+    return MachineError(f"could not write checkpoint {target}: {cause}; nothing of it was kept and {kept}; {fix}")
 
 
 def _bytes(n: float) -> str:

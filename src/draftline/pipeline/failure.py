@@ -1,7 +1,7 @@
 """A failed rank's last words: name the failure and its culprit, save what can be saved, the exit code.
 
 Every exception of a rank ends in ``fail``. A user-fixable ``DraftlineError`` is reported as is
-(exit 2). Otherwise the rank looks for a culprit: a communication error here is usually the echo of
+(exit 2; a ``MachineError``, such as a full disk, exit 1). Otherwise the rank looks for a culprit: a communication error here is usually the echo of
 another rank's death, which the watchdog names (``Health.scan``). With one drafter, the drafter saves
 a checkpoint of its last completed step and writes ``RUN_DIR/failure.json``; with several (their
 state sharded, a dead rank's shard gone with it) the newest periodic checkpoint is the one to resume
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from draftline.checkpoint.state import latest_checkpoint
-from draftline.errors import DraftlineError
+from draftline.errors import DraftlineError, MachineError
 from draftline.pipeline.health import Health, RunAborted, describe_exception
 from draftline.pipeline.memory import find_out_of_memory
 from draftline.pipeline.roles import Role
@@ -76,7 +76,7 @@ def fail(exc: BaseException, ctx: FailureContext) -> int:
         print(f"draftline train: error{where}: {exc}", file=sys.stderr, flush=True)
         if ctx.writes_report:
             _log_end(ctx, str(exc))
-        return 2
+        return 1 if isinstance(exc, MachineError) else 2
     if isinstance(exc, RunAborted):
         message = str(exc)
     else:

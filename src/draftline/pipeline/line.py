@@ -56,6 +56,7 @@ class Line:
         self.evaluation: InTrainingEvaluation | None = None
         self.receiver = None
         self.target_preflight = None  # the target's preflight result (a colocated drafter's adds its transient)
+        self.target_thread = None  # colocated: the target's thread
 
     # ------------------------------------------------------------------ the run
     def run(self) -> str:
@@ -80,9 +81,9 @@ class Line:
                                                    target_worker=self.target_worker if spec.colocated else None)
         # ---- run
         if spec.colocated:
-            thread = run_target_thread(self.target_worker, self.health)
+            self.target_thread = run_target_thread(self.target_worker, self.health)
             status = self._train()
-            thread.join(timeout=1.0)
+            self.target_thread.join(timeout=1.0)
             return status
         if role.is_target:
             self.target_worker.run()
@@ -129,6 +130,12 @@ class Line:
             if self.store is not None:
                 self.store.set("run_over", status)
         self.health.report_done()
+
+    def join_threads(self, timeout_s: float = 30.0) -> None:
+        """After a failure (health aborted): wait for the colocated target thread to leave its pass, so that no
+        thread is inside a torch call when the interpreter shuts down (which aborts the process)."""
+        if self.target_thread is not None:
+            self.target_thread.join(timeout=timeout_s)
 
     def failure_context(self) -> FailureContext:
         """What ``failure.fail`` may use on this rank."""

@@ -79,6 +79,8 @@ def run_training(config: TrainConfig) -> int:
         context = line.failure_context() if line is not None else FailureContext(
             health, role, env.world_size, store, Path(config.out), NullLogger(), writes_report=role.is_logging)
         code = fail(exc, context)
+        if line is not None:
+            line.join_threads()
     finally:
         health.stop()
         if line is not None:
