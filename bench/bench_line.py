@@ -1,4 +1,4 @@
-"""Benchmark the roles of the training line and print one table (docs/PERF.md conventions).
+"""Benchmark the roles of the training line and print one table (docs/FLOPS.md conventions).
 
     python bench/bench_line.py --shape 8b                 # on a GPU: the Qwen3-8B-shaped workloads
     python bench/bench_line.py --shape tiny --device cpu  # a quick check that the script runs
@@ -9,7 +9,7 @@ Workloads (random bf16 weights built from a config; weights do not matter for sp
 - target:  the frozen target's feature pass over packed batches of log-normal lengths (mean ~2.8K,
   capped at 8K) filling the token budget;
 - drafter-3072: one 3,072-token sample with 512 anchors, block 16: forward, backward, AdamW step
-  (the SpecForge comparison point in docs/PERF.md: 192 ms/sample, 47% MFU on the same H200);
+  (the SpecForge comparison point, docs/PERF_NOTES.md: 192 ms/sample, 47% MFU on the same H200);
 - drafter-packed: a packed batch at the token budget, 512 anchors per document, in passes of
   --max-query-rows rows, with the optimizer step;
 - line: (with --line) `draftline train` colocated on one device for --line-steps steps, numbers

@@ -3,7 +3,7 @@
     python bench/flex_bench.py --variants default,static,bwd64 --lengths 3072
 
 The layout is the bench's: documents of ``--lengths`` tokens, 512 anchors each, block 16, the
-8B shape (32 query heads, 8 KV heads, head_dim 128), bf16. FLOPs as docs/PERF.md counts them
+8B shape (32 query heads, 8 KV heads, head_dim 128), bf16. FLOPs as docs/FLOPS.md counts them
 (visible pairs only), so TFLOP/s here is comparable with the step's attention share.
 """
 

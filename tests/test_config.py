@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from draftline.commands.train import add_arguments, config_from_args
-from draftline.config import TrainConfig, grad_accum_batches
+from draftline.config import TrainConfig
+from draftline.pipeline.spec import default_batches_per_step as grad_accum_batches
 
 
 def test_grad_accum_is_per_drafter():

@@ -1,8 +1,9 @@
 """The training configuration: one typed dataclass per concern, validated up front.
 
 A config comes from defaults, then a TOML or JSON file (``--config``), then command-line flags.
-``validate`` raises ``DraftlineError`` with the field and the fix; derived quantities are computed by
-functions in ``draftline.pipeline.plan`` and printed once at start.
+``validate`` raises ``DraftlineError`` with the field and the fix. What a config means on a rank (the
+drafter's config, shapes, batches per step, the data plan) is resolved once, in ``draftline.pipeline.spec``,
+and printed at start; the field docstrings below are ``--help``'s text.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -502,13 +502,3 @@ def validate(config: TrainConfig) -> None:
     _positive(e.head_chunk_rows, "engine.head_chunk_rows")
     if e.gpu_memory_gib is not None:
         _positive(e.gpu_memory_gib, "engine.gpu_memory_gib (--gpu-memory-gib)")
-
-
-def grad_accum_batches(config: TrainConfig, num_drafters: int = 1) -> int:
-    """Batches per optimizer step, over all drafters: ``grad_accum`` per drafter, or enough for
-    ``global_batch_tokens`` rounded up to a multiple of the drafters. Always a multiple, so the
-    round robin of batch numbers gives every drafter an equal share of every step."""
-    if config.optim.global_batch_tokens:
-        batches = max(1, math.ceil(config.optim.global_batch_tokens / config.data.token_budget))
-        return -(-batches // num_drafters) * num_drafters
-    return config.optim.grad_accum * num_drafters

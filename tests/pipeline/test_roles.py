@@ -56,7 +56,8 @@ def test_colocated_ranks_each_run_both():
 def test_each_step_is_dealt_to_every_drafter():
     # Steps hold a multiple of the drafters' count, so round robin gives each drafter an equal
     # share of every step: no drafter waits on another's whole step.
-    from draftline.config import TrainConfig, grad_accum_batches
+    from draftline.config import TrainConfig
+    from draftline.pipeline.spec import default_batches_per_step as grad_accum_batches
 
     config = TrainConfig()
     config.optim.grad_accum = 2

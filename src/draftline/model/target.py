@@ -111,13 +111,15 @@ class TargetFeatures:
         device = torch.device(device)
         self.layer_ids = list(layer_ids)
         config = load_target_config(target_dir)
-        if device.type == "cpu" and linear_attention.is_hybrid(text_config(config)) and importlib.util.find_spec("fla"):
+        text = text_config(config)
+        hybrid = linear_attention.is_hybrid(text)
+        if device.type == "cpu" and hybrid and importlib.util.find_spec("fla"):
             raise DraftlineError(
                 f"{target_dir}: a hybrid target on CPU with flash-linear-attention installed: transformers then runs "
                 "its Gated DeltaNet layers with fla's GPU-only kernels. Run on a GPU, or uninstall "
                 "flash-linear-attention for a CPU run."
             )
-        num_layers = int(text_config(config).num_hidden_layers)
+        num_layers = int(text.num_hidden_layers)
         if max(self.layer_ids) >= num_layers or min(self.layer_ids) < 0:
             raise DraftlineError(f"target_layer_ids {self.layer_ids} outside the target's {num_layers} layers")
         self._set_layers(num_layers, final_hidden)
@@ -126,9 +128,7 @@ class TargetFeatures:
         attn = attn_implementation or default_attention(device, config)
         if attn == linear_attention.PACKED_FLEX:
             linear_attention.register_packed_flex()
-        if device.type == "cuda" and linear_attention.is_hybrid(text_config(config)) and (
-            attn in _FLEX if packed is None else packed
-        ):
+        if device.type == "cuda" and hybrid and (attn in _FLEX if packed is None else packed):
             linear_attention.fla_kernels()  # before reading the weights: name the install command at once
         with _quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(

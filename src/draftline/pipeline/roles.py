@@ -9,7 +9,7 @@ rank: it owns the run directory, prints the monitor, writes metrics and checkpoi
 Which rank handles which batch is fixed too: batch numbers go round robin (``producer_of``) to the
 targets; an optimizer step's consecutive numbers are dealt round robin to the drafters
 (``drafter_share``), so every drafter has a share of every step and the drafters compute in
-parallel. A fresh start makes the step a multiple of the drafters (``config.grad_accum_batches``);
+parallel. A fresh start makes the step a multiple of the drafters (``spec.default_batches_per_step``);
 a resume on another number of drafters keeps the checkpoint's step, and the shares may then differ
 by one batch.
 """

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig, Qwen3Config
 
-from draftline.config import TrainConfig, grad_accum_batches
+from draftline.config import TrainConfig
 from draftline.data.batcher import BatchSchedule, TokenBudgetBatcher
 from draftline.data.dataset import TokenDataset
 from draftline.errors import DraftlineError
@@ -296,6 +296,10 @@ class RunSpec:
 
 
 def default_batches_per_step(config: TrainConfig, num_drafters: int) -> int:
-    """Batches per optimizer step of a fresh start (``--grad-accum`` per drafter, or
-    ``--global-batch-tokens``); a resume keeps its checkpoint's."""
-    return grad_accum_batches(config, num_drafters)
+    """Batches per optimizer step of a fresh start, over all drafters: ``grad_accum`` per drafter, or enough
+    for ``global_batch_tokens`` rounded up to a multiple of the drafters. Always a multiple, so every drafter
+    has an equal share of every step; a resume keeps its checkpoint's."""
+    if config.optim.global_batch_tokens:
+        batches = max(1, math.ceil(config.optim.global_batch_tokens / config.data.token_budget))
+        return -(-batches // num_drafters) * num_drafters
+    return config.optim.grad_accum * num_drafters
