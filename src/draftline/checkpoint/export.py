@@ -90,7 +90,8 @@ def _replace_dir(src: Path, dst: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def load_drafter_config(path: str | Path) -> Qwen3Config:
+def read_drafter_config_json(path: str | Path) -> dict:
+    """A drafter directory's config.json as a dict; a missing, malformed or non-object file is named."""
     path = Path(path)
     config_file = path / CONFIG_NAME
     if not config_file.is_file():
@@ -99,6 +100,15 @@ def load_drafter_config(path: str | Path) -> Qwen3Config:
         data = json.loads(config_file.read_text())
     except json.JSONDecodeError as exc:
         raise DraftlineError(f"{config_file}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise DraftlineError(f"{config_file}: expected a JSON object")
+    return data
+
+
+def load_drafter_config(path: str | Path) -> Qwen3Config:
+    path = Path(path)
+    config_file = path / CONFIG_NAME
+    data = read_drafter_config_json(path)
     for name in ("block_size", "dflash_config"):
         if name not in data:
             raise DraftlineError(f"{config_file}: field {name!r} missing; this is not a DFlash drafter config")

@@ -27,7 +27,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME
+from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME, read_drafter_config_json
 from draftline.errors import DraftlineError
 from draftline.model.config import text_config
 
@@ -114,7 +114,7 @@ def check_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig) -
 def inspect_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig) -> ServingCheck:
     path = Path(path)
     check = ServingCheck(path)
-    data = _read_config(path)
+    data = read_drafter_config_json(path)
     target_dir = None if isinstance(target, PretrainedConfig) else Path(target)
     if target_dir is not None:
         from draftline.model.target import load_target_config
@@ -137,19 +137,6 @@ def inspect_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig)
 # ---------------------------------------------------------------------------------------------
 # config.json
 # ---------------------------------------------------------------------------------------------
-
-
-def _read_config(path: Path) -> dict:
-    config_file = path / CONFIG_NAME
-    if not config_file.is_file():
-        raise DraftlineError(f"{path}: no {CONFIG_NAME}; expected a drafter directory (config.json + model.safetensors)")
-    try:
-        data = json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise DraftlineError(f"{config_file}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise DraftlineError(f"{config_file}: expected a JSON object")
-    return data
 
 
 def _get(data: dict, dotted: str) -> Any:
