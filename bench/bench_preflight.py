@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from bench_line import random_target  # noqa: E402 - bench/ is on sys.path when run as a script
+from workloads import random_target  # noqa: E402 - bench/ is on sys.path when run as a script
 from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
 from draftline.model.config import build_drafter_config

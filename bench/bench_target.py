@@ -23,31 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_line import lognormal_lengths  # the same length mix as the drafter rows
+from workloads import HYBRID_SHAPES as SHAPES, hybrid_config, lognormal_lengths  # noqa: F401  (the same length mix as the drafter rows)
 from draftline.data.batch import PackedBatch
 from draftline.model import linear_attention
 from draftline.model.config import build_drafter_config
 from draftline.model.target import TargetFeatures
 from draftline.monitor.flops import TargetShape, format_flops, resolve_peak, target_flops
-
-SHAPES = {
-    # Qwen3.5-27B / Qwen3.6-27B text stack.
-    "27b": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=24, num_key_value_heads=4, head_dim=256,
-                intermediate_size=17408, vocab_size=248320, linear_num_key_heads=16, linear_num_value_heads=48,
-                linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4),
-    "tiny": dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                 intermediate_size=512, vocab_size=1000, linear_num_key_heads=2, linear_num_value_heads=4,
-                 linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4),
-}
-
-
-def hybrid_config(shape: str):
-    from transformers import Qwen3_5TextConfig
-
-    return Qwen3_5TextConfig(**SHAPES[shape], max_position_embeddings=262144, tie_word_embeddings=False,
-                             rope_parameters={"rope_type": "default", "rope_theta": 1e7,
-                                              "partial_rotary_factor": 0.25})
-
 
 def random_target(config, layers_run: int, device: torch.device, dtype: torch.dtype):
     """The model with only its first ``layers_run`` layers, built on ``device`` in ``dtype``."""

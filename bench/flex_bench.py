@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_line import packed_batch  # noqa: E402
+from workloads import packed_batch  # noqa: E402
 
 from draftline.model.attention import FlexAttention, flex_compile_shapes  # noqa: E402
 from draftline.monitor.flops import _drafter_pairs, attention_flops  # noqa: E402

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench_line import random_target, sync, target_config
+from workloads import random_target, sync, target_config
 
 from draftline.model.drafter import DFlashDrafter
 

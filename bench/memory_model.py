@@ -27,9 +27,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_line import HYBRID, lognormal_lengths, make_worker, packed_batch, random_target, train_step  # noqa: E402
+from workloads import HYBRID, lognormal_lengths, make_worker, packed_batch, random_target, train_step  # noqa: E402
 
-from draftline.config import TrainConfig  # noqa: E402
 from draftline.model.config import build_drafter_config  # noqa: E402
 from draftline.model.target import TargetFeatures  # noqa: E402
 from draftline.monitor.flops import DrafterShape, TargetShape  # noqa: E402
@@ -76,7 +75,7 @@ def main() -> None:
     target = TargetFeatures.from_model(model, layer_ids)
     del model
     torch.cuda.empty_cache()
-    target_shape, drafter_shape = TargetShape.from_config(target.model.config), DrafterShape.from_config(drafter_cfg)
+    drafter_shape = DrafterShape.from_config(drafter_cfg)
     rows = []
 
     def row(component, measured, planned):
@@ -129,7 +128,7 @@ def main() -> None:
 
 
 def random_config(shape: str):
-    from bench_line import target_config
+    from workloads import target_config
 
     return target_config(shape)
 

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_line import lognormal_lengths, make_worker, packed_batch, target_config, train_step  # noqa: E402
+from workloads import lognormal_lengths, make_worker, packed_batch, target_config, train_step  # noqa: E402
 
 from draftline.model.config import build_drafter_config  # noqa: E402
 from draftline.monitor.clocks import ClockWatch  # noqa: E402

@@ -47,7 +47,7 @@ def measured_times(args):
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_line import make_worker, train_step
+    from workloads import make_worker, train_step
 
     from draftline.data.dataset import TokenDataset
     from draftline.model.config import build_drafter_config
