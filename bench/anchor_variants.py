@@ -7,26 +7,7 @@ from __future__ import annotations
 import torch
 
 from draftline.data.batch import PackedBatch
-from draftline.objective.anchors import anchor_seed, eligible_anchor_positions
-
-
-def chained_block_starts(accept_lengths: torch.Tensor) -> torch.Tensor:
-    """Where greedy speculative decoding starts its blocks over one run of consecutive positions.
-
-    ``accept_lengths[i]`` (1..B) is the teacher-forced acceptance length of a block anchored at
-    the run's i-th position: 1 + the number of leading slots the drafter got right. Decoding the
-    same tokens, the first block starts at 0 and each next one right after the last committed
-    token: ``i + accept_lengths[i]``. Returns those indices, [n_blocks] (int64).
-    """
-    lengths = accept_lengths.tolist()
-    starts, i = [], 0
-    while i < len(lengths):
-        starts.append(i)
-        step = int(lengths[i])
-        if step < 1:
-            raise ValueError(f"acceptance lengths must be >= 1, got {step} at index {i}")
-        i += step
-    return torch.tensor(starts, dtype=torch.long)
+from draftline.objective.anchors import anchor_seed, chained_block_starts, eligible_anchor_positions
 
 
 def chained_anchors(batch: PackedBatch, accept_lengths: torch.Tensor, max_anchors: int, seed: int = 0) -> torch.Tensor:

@@ -12,18 +12,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from anchor_variants import chained_anchors, chained_block_starts  # noqa: E402
+from anchor_variants import chained_anchors  # noqa: E402
 from draftline.objective.anchors import eligible_anchors, sample_anchors  # noqa: E402
 
-
-def test_chained_block_starts_follow_the_committed_lengths():
-    # A block at 0 commits 3 tokens: the next starts at 3; 3 commits 1: next at 4; 4 commits 4: next at 8 (past the end).
-    lengths = torch.tensor([3, 8, 8, 1, 4, 2, 2, 2])
-    assert chained_block_starts(lengths).tolist() == [0, 3, 4]
-    assert chained_block_starts(torch.ones(5, dtype=torch.long)).tolist() == [0, 1, 2, 3, 4]
-    assert chained_block_starts(torch.zeros(0, dtype=torch.long)).tolist() == []
-    with pytest.raises(ValueError, match=">= 1"):
-        chained_block_starts(torch.tensor([2, 0, 0]))
 
 
 def _batch():

@@ -140,16 +140,17 @@ class Line:
     def failure_context(self) -> FailureContext:
         """What ``failure.fail`` may use on this rank."""
         worker, role = self.worker, self.spec.role
-        save = None
-        if worker is not None and role.is_logging and not self.group.sharded:
-            def save():
-                worker.read_record(check=False)  # the last step's record (read one step late) and its update, queued
-                if worker.in_optimizer_step:
-                    raise RuntimeError("the failure came inside the optimizer step: the weights are half-updated")
-                return self.checkpointer.save()
+
+        def save_last_step():
+            worker.read_record(check=False)  # the last step's record (read one step late) and its update, queued
+            if worker.in_optimizer_step:
+                raise RuntimeError("the failure came inside the optimizer step: the weights are half-updated")
+            return self.checkpointer.save()
+
+        saves = worker is not None and self.checkpointer is not None and role.is_logging and not self.group.sharded
         return FailureContext(self.health, role, self.spec.env.world_size, self.store, self.spec.run_dir,
-                              self.logger, step=lambda: worker.step if worker is not None else None, save=save,
-                              writes_report=role.is_logging)
+                              self.logger, step=lambda: worker.step if worker is not None else None,
+                              save=save_last_step if saves else None, writes_report=role.is_logging)
 
     # ------------------------------------------------------------------ builders
     def _build_target(self) -> TargetFeatures:
