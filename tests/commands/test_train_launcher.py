@@ -90,7 +90,7 @@ def test_max_restarts_without_a_launch_is_refused(capsys):
 @pytest.mark.slow
 def test_a_rank_killed_once_is_restarted_and_the_run_resumes_and_finishes(qwen3_target, line_data, tmp_path):
     """--gpus 2 --max-restarts 1: SIGKILL to the target rank after a checkpoint; torchrun restarts the
-    job, whose rank 0 takes over its previous attempt's run directory lock and resumes."""
+    job, whose groups are made afresh (the job's store keeps the first start's keys) and which resumes."""
     from line_helpers import base_args, read_jsonl, start, wait_until
 
     out = tmp_path / "run"
@@ -106,7 +106,10 @@ def test_a_rank_killed_once_is_restarted_and_the_run_resumes_and_finishes(qwen3_
     starts = read_jsonl(out / "starts.jsonl")
     assert [s["mode"] for s in starts] == ["fresh", "restart"] and starts[1]["restart_count"] == 1
     assert starts[1]["step"] >= 2
-    assert "attempt 0 of this torchrun job (this is attempt 1)" in err_text  # the lock, taken over
+    # Attempt 0's rank 0 stops on torchrun's SIGTERM and releases the run directory's lock, or is killed
+    # and leaves it to be taken over (tests/pipeline/test_rundir.py): the restart owns the directory either
+    # way, and releases it when it finishes.
+    assert "belongs to a live run" not in err_text and not (out / "run.lock").exists()
     total = max(r["step"] for r in read_jsonl(out / "metrics.jsonl") if r.get("kind") == "train")
     steps = read_jsonl(out / "trace" / "steps.jsonl")
     assert steps[-1]["step"] == total and (out / "final" / "model.safetensors").is_file()

@@ -33,4 +33,5 @@ def test_quick_demo_end_to_end(tmp_path):
     per_prompt = json.loads((out / "eval.json").read_text())["per_prompt"]
     assert len(per_prompt) == 24 and all(sum(p["acceptance_lengths"]) > 0 for p in per_prompt)
     starts = [json.loads(line) for line in (run / "starts.jsonl").read_text().splitlines()]
-    assert starts[-1]["topology"] == {"targets": 2, "drafters": 1, "colocated": False, "world_size": 3, "device": "cpu"}
+    assert starts[-1]["topology"] == {"targets": 2, "drafters": 1, "colocated": False, "world_size": 3, "device": "cpu",
+                                      "sharded": False}

@@ -35,20 +35,25 @@ def _stderr_lines(proc) -> list[tuple[float, str]]:
     return lines
 
 
-def _long_run(target, data, out, **extra):
-    # No periodic checkpoint: the only one a failure leaves is the failure path's own.
+def _long_run(target, data, out, save_every=100_000, **extra):
+    # By default no periodic checkpoint: the only one a failure leaves is the failure path's own.
     return base_args(target, data, out, epochs=40, max_steps=400, trace=True, save_every_minutes=0,
-                     save_every=100_000, **extra)
+                     save_every=save_every, **extra)
 
 
 @pytest.mark.parametrize("victim,targets,role", [(2, 2, "target"), (1, 1, "drafter"), (0, 1, "drafter")],
                          ids=["kill-target", "kill-drafter", "kill-logging-drafter"])
 def test_killed_rank_is_named_and_the_run_resumes(qwen3_target, line_data, tmp_path, victim, targets, role):
+    """One drafter (kill-target): it saves the last completed step after the failure. Two drafters: their
+    state is sharded and the dead one's shard is gone, so the newest periodic checkpoint is named instead
+    (by the second drafter when the first one died)."""
     out = tmp_path / "run"
-    args = _long_run(qwen3_target, line_data, out)
+    sharded = targets == 1
+    args = _long_run(qwen3_target, line_data, out, **({"save_every": 2} if sharded else {}))
     proc = start([*args, "--gpus", "3", "--targets", str(targets), "--grad-accum", "2"])
     lines = _stderr_lines(proc)
-    wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 3, 120, "3 steps", proc)
+    wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 3 and (
+        not sharded or latest_checkpoint(out, quiet=True) is not None), 120, "3 steps", proc)
     pid = _rank_pid(out, victim)
     killed_at = time.time()
     os.kill(pid, signal.SIGKILL)
@@ -67,14 +72,19 @@ def test_killed_rank_is_named_and_the_run_resumes(qwen3_target, line_data, tmp_p
     assert "host " in err and ("died" in err or "stopped responding" in err), err[-3000:]
     failure = json.loads((out / "failure.json").read_text())
     assert f"rank {victim}" in failure["message"]
-    # The failure's checkpoint (the logging drafter's, or the next drafter's when the logging one died):
-    # the last completed step, at or after the steps seen before the kill.
     checkpoint = latest_checkpoint(out)
-    assert checkpoint is not None and [p.name for p in (out / "checkpoints").glob("step-*")] == [checkpoint.name]
+    assert checkpoint is not None and failure["checkpoint"] == str(checkpoint)
     step = int(checkpoint.name.split("-")[-1])
-    assert failure["step"] == step >= 3 and failure["checkpoint"] == str(checkpoint)
-    assert f"checkpoint of the last completed step ({step}) saved to {checkpoint}" in err, err[-3000:]
-    if victim != 2:
+    if sharded:
+        # The newest periodic checkpoint, named; no checkpoint written after the kill.
+        assert step % 2 == 0 and failure["step"] >= step, failure
+        assert f"resume from the newest one, {checkpoint}, with the same command and --resume" in err, err[-3000:]
+    else:
+        # The failure's own checkpoint: the last completed step, at or after the steps seen before the kill.
+        assert [p.name for p in (out / "checkpoints").glob("step-*")] == [checkpoint.name]
+        assert failure["step"] == step >= 3
+        assert f"checkpoint of the last completed step ({step}) saved to {checkpoint}" in err, err[-3000:]
+    if victim == 0:
         return
     # The run continues from its checkpoint (a few more steps, then stop it cleanly).
     resumed = run([*args, "--max-steps", str(step + 2), "--gpus", "3", "--targets", str(targets), "--grad-accum", "2",

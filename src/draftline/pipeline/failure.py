@@ -40,6 +40,8 @@ class FailureContext:
     """Saves a checkpoint of the last completed step (the one drafter of an unsharded run; else None)."""
     writes_report: bool = False
     """This rank writes failure.json and the end record (the first drafter)."""
+    stands_in: bool = False
+    """This rank writes them instead when the first drafter is the one that died (the second drafter)."""
 
 
 def find_culprit(health: Health, wait_s: float = 3.0) -> str | None:
@@ -92,6 +94,7 @@ def fail(exc: BaseException, ctx: FailureContext) -> int:
             message = health.aborted
     if isinstance(exc, RunAborted) and ctx.store is not None and _run_over(ctx.store):
         return 0  # the drafters ended the run while this rank waited: a clean stop
+    reports = ctx.writes_report or (ctx.stands_in and health.failed_rank == ctx.role.drafter_rank(0))
     if ctx.role.is_logging or ctx.world_size == 1:
         print(f"\ndraftline: run failed: {message}", file=sys.stderr, flush=True)
     else:
@@ -104,13 +107,13 @@ def fail(exc: BaseException, ctx: FailureContext) -> int:
                   "fix the cause and run the same command with --resume", file=sys.stderr, flush=True)
         except BaseException as save_exc:  # noqa: BLE001
             print(f"draftline: could not save a checkpoint: {describe_exception(save_exc)}", file=sys.stderr)
-    elif ctx.writes_report and ctx.role.num_drafters > 1:
+    elif reports and ctx.role.num_drafters > 1:
         newest = latest_checkpoint(ctx.run_dir, quiet=True)
         print("draftline: the drafters' state is sharded, so no checkpoint is written after a failure; "
               + (f"resume from the newest one, {newest}, with the same command and --resume" if newest else
                  "no checkpoint was written before it: start again"), file=sys.stderr, flush=True)
         saved = newest
-    if ctx.writes_report:
+    if reports:
         try:
             (ctx.run_dir / "failure.json").write_text(json.dumps(
                 {"time": time.time(), "message": message, "step": ctx.step(),

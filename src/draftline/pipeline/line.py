@@ -150,7 +150,8 @@ class Line:
         saves = worker is not None and self.checkpointer is not None and role.is_logging and not self.group.sharded
         return FailureContext(self.health, role, self.spec.env.world_size, self.store, self.spec.run_dir,
                               self.logger, step=lambda: worker.step if worker is not None else None,
-                              save=save_last_step if saves else None, writes_report=role.is_logging)
+                              save=save_last_step if saves else None, writes_report=role.is_logging,
+                              stands_in=role.is_drafter and role.index == 1)
 
     # ------------------------------------------------------------------ builders
     def _build_target(self) -> TargetFeatures:

@@ -33,7 +33,7 @@ from draftline.pipeline.health import Health, local_rank_info
 from draftline.pipeline.line import Line
 from draftline.pipeline.plan import target_share
 from draftline.pipeline.roles import COLOCATED, Role, assign_roles, split
-from draftline.pipeline.setup import RunSetup, agree_on_setup, job_store
+from draftline.pipeline.setup import RunSetup, agree_on_setup, join_job
 from draftline.pipeline.shard import make_drafter_group
 from draftline.pipeline.signals import StopSignals
 from draftline.pipeline.spec import (
@@ -52,10 +52,8 @@ def run_training(config: TrainConfig) -> int:
     # ---- roles
     store = None
     if env.world_size > 1:
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=timedelta(minutes=30),
-                                device_id=device if device.type == "cuda" else None)
-        store = job_store(rundir.restart_count())
+        store = join_job("nccl" if device.type == "cuda" else "gloo", device, rundir.restart_count(),
+                         timeout=timedelta(minutes=30))
     t = config.topology
     share = None if t.colocated or t.targets is not None or t.drafters is not None else target_share(model, config, device)
     num_targets, num_drafters = split(env.world_size, t.targets, t.drafters, share, colocated=t.colocated)

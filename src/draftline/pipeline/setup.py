@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
@@ -24,10 +25,18 @@ from draftline.pipeline.health import Health, RunAborted, describe_exception
 from draftline.pipeline.waits import wait_for
 
 
-def job_store(restart: int):
-    """A client of the job's store (torchrun's), under a prefix private to this start of the job."""
-    store = dist.distributed_c10d._get_default_store()
-    return dist.PrefixStore(f"draftline/{restart}/", store)
+def join_job(backend: str, device, restart: int, timeout: timedelta) -> dist.Store:
+    """Join the job's default process group; returns a client of the job's store private to this start.
+
+    torchrun keeps one store for the whole job, across its restarts: every key this start writes (the
+    process groups' addresses included, which torch names the same in every start) goes under a prefix
+    of the restart count, so a restarted job never reads the address of a process of the start before.
+    """
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    dist.init_process_group(backend=backend, store=dist.PrefixStore(f"draftline/start-{restart}/", store), rank=rank,
+                            world_size=world_size, timeout=timeout,
+                            device_id=device if device.type == "cuda" else None)
+    return dist.PrefixStore("job/", dist.distributed_c10d._get_default_store())
 
 
 @dataclass
