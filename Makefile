@@ -22,8 +22,11 @@ $(BIN)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps $(SPECULATORS)
 	touch $@
 
+# The demo's 9.5 minutes count from the moment `make demo` was typed: the set-up's time is theirs too.
+DEMO_START := $(shell date +%s)
+
 demo: $(BIN)/.installed
-	$(BIN)/draftline demo
+	$(BIN)/draftline demo --minutes 9.5 --since $(DEMO_START)
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q

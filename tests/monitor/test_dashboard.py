@@ -162,3 +162,16 @@ def test_a_cpu_line_shows_no_gpu_columns_no_tflops_and_no_mfu(busy_status):
     assert out.getvalue().startswith("no MFU: a CPU's matmul rate varies")
     # On GPU the same rate is in TFLOP/s, beside MFU.
     assert "312 TFLOP/s MFU 39.6%" in status_line(busy_status)
+
+
+def test_cpu_ranks_sharing_cores_are_not_told_to_move_ranks(busy_status):
+    """On CPU a waiting rank leaves its core to the others: the advice says so instead of a new split."""
+    for targets, drafters in ((2, 1), (1, 2), (1, 1)):
+        for name in ("targets wait (q_hs full)", "drafters wait (q_hs empty)"):
+            status = dataclasses.replace(busy_status, num_targets=targets, num_drafters=drafters, colocated=False,
+                                         cpu_cores=2, gpus=[], **_WAITS[name])
+            advice = balance_advice(status)
+            assert _split_in(advice) is None and "add " not in advice and "anchors" not in advice, advice
+            assert "share this host's 2 CPU cores" in advice and advice.startswith(name.split(" (")[0]), advice
+    balanced = dataclasses.replace(busy_status, cpu_cores=2, **_WAITS["balanced"])
+    assert balance_advice(balanced).startswith("balanced")

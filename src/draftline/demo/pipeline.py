@@ -14,6 +14,7 @@ Each stage runs the real command (printed first, so it can be copied to a real r
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shlex
@@ -22,6 +23,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from draftline.demo.sizing import (
+    STEPS_PER_CONVERSATION, TAIL, TRAIN_PER_STEP, DemoSize, measure_speed, rescaled_probe, size_demo, steps_that_fit,
+)
 
 ASSETS = Path(__file__).parent / "assets"
 TARGET = ASSETS / "tiny-target"
@@ -39,11 +44,21 @@ class DemoConfig:
     max_new_tokens: int = 64
     """Length of each regenerated reply."""
     epochs: int = 10
-    """Data and epochs: what sets tau here (README, "Demo results")."""
+    """The most passes over the data (what sets tau here, with the data: docs/PERF_NOTES.md); fewer when
+    the steps that fit in ``minutes`` end the run first."""
+    minutes: float | None = 7.5
+    """The whole demo's time on this machine, counted from ``since`` (its speed measured at the start):
+    the conversations and steps are sized to fit. None: every epoch, however long."""
+    since: float | None = None
+    """Unix time the ``minutes`` count from (None: the demo's own start). `make demo` passes the time it was
+    typed with ``minutes`` 9.5, so that its set-up counts too."""
+    keep_conversations: bool = False
+    """Sizing leaves ``conversations`` as they are (asked for on the command line) and fits only the steps."""
     draft_layers: int = 3
     """Started from the target's top layers (--init-from-target): the data here is small."""
-    target_layer_ids: str = "1,3,5"
-    """Feature layers spread to the target's last (the default stops 3 layers short, for deep targets)."""
+    target_layer_ids: str = "1,3,4"
+    """Feature layers spread up the target (the default stops 3 layers short, for deep targets); not its
+    last layer, whose output the serving engines do not capture (``draftline export`` refuses it)."""
     loss_gamma: float = 1.0
     """Weights the first block positions more than the paper's 4.0 for block 8: they set tau here."""
     block_size: int = 8
@@ -60,7 +75,7 @@ class DemoConfig:
     @classmethod
     def quick(cls, out: Path) -> "DemoConfig":
         """The shortened demo CI runs: same code path, less data and fewer steps."""
-        return cls(out=out, conversations=640, epochs=4, eval_prompts=24, eval_max_new_tokens=48)
+        return cls(out=out, conversations=640, epochs=4, minutes=None, eval_prompts=24, eval_max_new_tokens=48)
 
 
 def _conversations(cfg: DemoConfig) -> list[dict]:
@@ -86,17 +101,26 @@ class Stages:
         self.start = time.time()
         self.done = 0.0
         self.index = 0
+        self.began: dict[str, float] = {}
+        self.took: dict[str, float] = {}
+        """Seconds each finished stage took."""
+        self.planned_end: float | None = None
+        """When the sizing predicts the demo ends (None: the ETA comes from the stages' usual shares)."""
 
     def header(self, name: str, what: str) -> None:
+        self.began[name] = time.time()
         self.index += 1
         elapsed = time.time() - self.start
         eta = ""
-        if self.done > 0:
+        if self.planned_end is not None:
+            eta = f", about {max(0.0, self.planned_end - time.time()) / 60:.0f} min left"
+        elif self.done > 0:
             eta = f", about {max(0.0, elapsed / self.done * (1 - self.done)) / 60:.0f} min left"
         print(f"\n[{self.index}/6] {name}: {what}  ({elapsed / 60:.1f} min elapsed{eta})", flush=True)
 
     def finish(self, name: str) -> None:
         self.done += self.WEIGHTS[name]
+        self.took[name] = time.time() - self.began[name]
 
     def command(self, args: list[str], processes: int = 1) -> None:
         """Run ``draftline ARGS`` as a child process; ``processes``: how many processes it starts (ranks).
@@ -112,8 +136,9 @@ class Stages:
             raise RuntimeError(f"`draftline {args[0]}` failed with exit code {result.returncode} (its output is above)")
 
 
-def train_args(cfg: DemoConfig, data: Path, run_dir: Path) -> list[str]:
-    """``draftline train`` arguments of the demo's run."""
+def train_args(cfg: DemoConfig, data: Path, run_dir: Path, max_steps: int | None = None) -> list[str]:
+    """``draftline train`` arguments of the demo's run (``max_steps``: the steps that fit here)."""
+    steps = ["--max-steps", str(max_steps)] if max_steps else []
     return [
         "train", "--target", str(TARGET), "--data", str(data), "--out", str(run_dir), "--from-scratch",
         "--gpus", str(cfg.gpus), "--targets", str(cfg.gpus - 1), "--device", "cpu",
@@ -125,7 +150,7 @@ def train_args(cfg: DemoConfig, data: Path, run_dir: Path) -> list[str]:
         # the monitor's final tau is what `draftline eval` measures (4 x 32 read 0.89x of it: README).
         "--eval-prompts", str(HELDOUT_PROMPTS), "--eval-num-prompts", "4", "--eval-max-new-tokens", "32",
         "--eval-final-num-prompts", str(cfg.eval_prompts), "--eval-final-max-new-tokens", str(cfg.eval_max_new_tokens),
-        "--seed", str(cfg.seed),
+        "--seed", str(cfg.seed), *steps,
     ]
 
 
@@ -167,11 +192,23 @@ def run_demo(cfg: DemoConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages()
     print(f"draftline demo: tiny target {TARGET}\n  everything goes to {out}")
+    deadline = None if cfg.minutes is None else (cfg.since or stages.start) + cfg.minutes * 60
+    size = _size_for_this_machine(cfg, deadline)
+    if size is not None:
+        stages.planned_end = time.time() + size.minutes * 60
     data = make_data(cfg, out, stages)
 
-    stages.header("train", f"{cfg.gpus - 1} target ranks + 1 drafter rank on CPU (torchrun, gloo)")
+    max_steps = None
+    if size is not None:  # sized again: the regeneration measured this machine for longer, just now
+        probe_s = rescaled_probe(size.probe_s, cfg.conversations, stages.took["regenerate"])
+        probe_s = min(2 * size.probe_s, max(size.probe_s / 2, probe_s))
+        fewest = min(size.max_steps, math.ceil(STEPS_PER_CONVERSATION * cfg.conversations * 2))
+        max_steps = max(fewest, min(size.max_steps, steps_that_fit(probe_s, deadline - time.time())))
+        stages.planned_end = time.time() + probe_s * (TAIL + TRAIN_PER_STEP * max_steps)
+    stages.header("train", f"{cfg.gpus - 1} target ranks + 1 drafter rank on CPU (torchrun, gloo)"
+                  + (f", {max_steps} steps (what fits in the time here)" if max_steps else ""))
     run_dir = out / "run"
-    stages.command(train_args(cfg, data, run_dir), processes=cfg.gpus)
+    stages.command(train_args(cfg, data, run_dir, max_steps), processes=cfg.gpus)
     stages.finish("train")
 
     stages.header("eval", f"speculative decoding on {cfg.eval_prompts} held-out prompts, block size {cfg.block_size}")
@@ -187,7 +224,9 @@ def run_demo(cfg: DemoConfig) -> dict:
     tau = summary["tau"]
     monitor_tau = final_monitor_tau(run_dir)
     minutes = (time.time() - stages.start) / 60
-    print(f"\ndraftline demo finished in {minutes:.1f} min")
+    since = "" if cfg.since is None else f", {(time.time() - cfg.since) / 60:.1f} min since `make demo` began"
+    planned = "" if cfg.minutes is None else f" (planned: {cfg.minutes:g})"
+    print(f"\ndraftline demo finished in {minutes:.1f} min{since}{planned}")
     print(f"  acceptance on held-out prompts: tau = {tau:.2f} tokens per target step with the drafter "
           f"(block size {cfg.block_size}); without a drafter tau = 1")
     if monitor_tau is not None:
@@ -200,6 +239,21 @@ def run_demo(cfg: DemoConfig) -> dict:
               "eval": str(eval_json)}
     (out / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def _size_for_this_machine(cfg: DemoConfig, deadline: float | None) -> DemoSize | None:
+    """Measure this machine, size the demo to end by ``deadline`` and say so; None for a fixed-size demo."""
+    if deadline is None:
+        return None
+    print("  measuring this machine's speed (the target's forward and backward pass, one thread)...", flush=True)
+    minutes = (deadline - time.time()) / 60
+    size = size_demo(measure_speed(TARGET), minutes, cfg.conversations, cfg.epochs,
+                     keep_conversations=cfg.keep_conversations)
+    cfg.conversations = size.conversations
+    slow = "" if size.minutes <= minutes + 0.25 else f" (a slow machine: more than the {minutes:.1f} minutes left)"
+    print(f"  {size.probe_s * 1000:.0f} ms per pass: {size.conversations} conversations and up to {size.max_steps} "
+          f"training steps, about {size.minutes:.0f} minutes here{slow}", flush=True)
+    return size
 
 
 def final_monitor_tau(run_dir: Path) -> float | None:

@@ -73,7 +73,9 @@ def balance_advice(status: LineStatus) -> str:
     drafters) is rebalanced by moving a rank to the slower side (``--targets``/``--drafters``, which
     the advice spells out) or by changing the drafter's work per token (``--max-anchors``). A
     colocated layout (one process, or ``--colocated``) has no split: target and drafter take turns
-    on one device, so one of them waiting is how it runs, not a sign of idle hardware.
+    on one device, so one of them waiting is how it runs, not a sign of idle hardware. CPU ranks of one
+    host share its cores, and a waiting rank leaves its core to the others: moving ranks adds no
+    compute (the demo's line measured 2+1, 1+1, 1+2 and colocated layouts: bench/demo_layouts.py).
     """
     target, drafter = status.target_wait, status.drafter_wait
     if not _known(target) or not _known(drafter):
@@ -95,6 +97,11 @@ def balance_advice(status: LineStatus) -> str:
         side, other, wait = ("target", "drafter", target) if target_waits else ("drafter", "target", drafter)
         return (f"colocated: the {side} waits {wait:.0%} of the time while its {other} computes on the same device "
                 f"(expected: nothing to rebalance; `draftline plan` compares a target/drafter split)")
+    if status.cpu_cores is not None:
+        side, wait = ("targets", target) if target_waits else ("drafters", drafter)
+        if target_waits or drafter_waits:
+            return (f"{side} wait {wait:.0%} of the time; the ranks share this host's {status.cpu_cores} CPU cores and "
+                    "a waiting rank leaves its core to the others: another split adds no compute")
     t, d = status.num_targets, status.num_drafters
     if drafter_waits:
         move = f"--targets {t + 1} --drafters {d - 1}" if t and d and d > 1 else "add target ranks"

@@ -91,6 +91,8 @@ class LineStatus:
     """Ranks training the drafter (None until they report)."""
     colocated: bool = False
     """Each rank runs a target and a drafter (one process, or --colocated): no split to rebalance."""
+    cpu_cores: int | None = None
+    """CPU ranks: the cores of the host they share (None on GPUs, where each rank has its own device)."""
 
     time: float = field(default_factory=time.time)
     """Unix time of the snapshot."""

@@ -79,8 +79,10 @@ class LineMonitor:
         window_s: float = 30.0,
         trace_dir=None,
         counters: dict | None = None,
+        cpu_cores: int | None = None,
     ):
         self.health = health
+        self.cpu_cores = cpu_cores  # CPU ranks: the host's cores they share (the advice says so)
         self.trace_dir = trace_dir  # engine.trace: each step's loss in trace/steps.jsonl
         self.logger = logger
         self.dashboard = dashboard
@@ -226,6 +228,7 @@ class LineMonitor:
             num_targets=len(targets) or None,
             num_drafters=len(drafters) or None,
             colocated=self._colocated,
+            cpu_cores=self.cpu_cores,
             elapsed_s=time.time() - self.started,
             q_pre_capacity=self.q_pre_capacity,
             q_hs_capacity=self.q_hs_capacity,

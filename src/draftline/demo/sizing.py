@@ -1,0 +1,101 @@
+"""The demo's size for this machine: measure its speed first, then fit the work into the time.
+
+Machines of one kind differ (two 2-core CPU machines of this project ran the demo's training 2x
+apart). ``measure_speed`` times the shipped tiny target itself: a forward and backward pass over
+one demo-sized batch on one thread, the work that regeneration and training are made of.
+``size_demo`` turns that time into the demo's work: a fixed number of conversations (what tau needs
+most, README "The demo") and as many training steps as fit in the time left, at most the demo's
+epochs. The constants below are the demo's stages measured against the probe on the project's
+2-core machine (docs/PERF_NOTES.md, "The demo sized to the machine"); after regeneration the demo
+sizes its training again from the time that stage really took (``steps_that_fit``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Seconds of each stage per second of the probe, measured on the project's 2-core machine with a
+# probe of 0.98 s (docs/PERF_NOTES.md, "The demo sized to the machine").
+REGENERATE_PER_CONVERSATION = 0.116
+"""``draftline regenerate`` (64 new tokens per reply, batches of 32), per conversation."""
+TRAIN_PER_STEP = 0.43
+"""``draftline train``'s line (2 targets + 1 drafter), per optimizer step of one 1,024-token batch."""
+HEAD = 25.0
+"""What comes before the training and does not grow with the conversations: this probe, cutting the
+conversations, the target's load for regeneration, ``draftline prepare``."""
+TAIL = 116.0
+"""What comes after the data and does not grow with the steps: the line's start, its ~10 small
+measurements and the final one, the final checkpoint, ``draftline eval`` and ``draftline report``."""
+STEPS_PER_CONVERSATION = 0.209
+"""Optimizer steps of one epoch per conversation (1,280 regenerated conversations pack into 268
+batches of 1,024 tokens)."""
+
+
+@dataclass(frozen=True)
+class DemoSize:
+    probe_s: float
+    conversations: int
+    max_steps: int
+    minutes: float
+    """The whole demo's predicted wall time."""
+
+
+def measure_speed(target_dir: Path, tokens: int = 1024, seconds: float = 2.0) -> float:
+    """Median seconds of one forward and backward pass of the target over ``tokens`` tokens, one thread."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+        ids = torch.randint(4, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
+        times = []
+        end = time.perf_counter() + seconds
+        for i in range(50):
+            start = time.perf_counter()
+            model(input_ids=ids, labels=ids).loss.backward()
+            if i > 0:  # the first pass warms the allocator and kernels
+                times.append(time.perf_counter() - start)
+            if time.perf_counter() > end and len(times) >= 3:
+                break
+        return statistics.median(times)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def predicted_minutes(probe_s: float, conversations: int, steps: int) -> float:
+    return probe_s * (HEAD + REGENERATE_PER_CONVERSATION * conversations + TAIL + TRAIN_PER_STEP * steps) / 60
+
+
+def steps_that_fit(probe_s: float, seconds_left: float) -> int:
+    """Training steps that fit in ``seconds_left``, what is left once the data is made."""
+    return max(0, math.floor((seconds_left / probe_s - TAIL) / TRAIN_PER_STEP))
+
+
+def size_demo(probe_s: float, minutes: float, conversations: int, epochs: int, fewest_epochs: float = 2.0, *,
+              keep_conversations: bool = False) -> DemoSize:
+    """Conversations and training steps for a demo of about ``minutes`` on a machine whose probe took
+    ``probe_s``: the steps that fit, at most ``epochs`` over the data. Where the conversations would not
+    get ``fewest_epochs`` in the time, fewer conversations (a multiple of 32, at least 160; not with
+    ``keep_conversations``): at equal steps two epochs of more data beat four of less (docs/PERF_NOTES.md).
+    A machine too slow even for that runs longer than ``minutes``, and the prediction says so."""
+    budget = minutes * 60 / probe_s - HEAD - TAIL
+    if not keep_conversations:
+        per_conversation = REGENERATE_PER_CONVERSATION + TRAIN_PER_STEP * STEPS_PER_CONVERSATION * fewest_epochs
+        conversations = min(conversations, max(160, int(budget / per_conversation) // 32 * 32))
+    most = math.ceil(STEPS_PER_CONVERSATION * conversations * epochs)
+    fewest = min(most, math.ceil(STEPS_PER_CONVERSATION * conversations * fewest_epochs))
+    fit = int((budget - REGENERATE_PER_CONVERSATION * conversations) // TRAIN_PER_STEP)
+    chosen = max(fewest, min(most, fit))
+    return DemoSize(probe_s, conversations, chosen, predicted_minutes(probe_s, conversations, chosen))
+
+
+def rescaled_probe(probe_s: float, conversations: int, regenerate_s: float) -> float:
+    """The probe's figure corrected by the regeneration's real time (a longer measurement of the same
+    machine, taken just before the training)."""
+    return regenerate_s / (REGENERATE_PER_CONVERSATION * conversations) if conversations else probe_s

@@ -1,0 +1,62 @@
+"""The demo sized to the machine: the conversations and steps that fit the minutes, within the epochs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from draftline.demo.pipeline import TARGET
+from draftline.demo.sizing import (
+    STEPS_PER_CONVERSATION, measure_speed, predicted_minutes, rescaled_probe, size_demo, steps_that_fit,
+)
+
+
+def _probe_for(minutes: float, conversations: int, steps: int) -> float:
+    """The probe time of a machine on which ``conversations`` and ``steps`` take ``minutes``."""
+    return minutes / predicted_minutes(1.0, conversations, steps)
+
+
+def _epochs(size) -> float:
+    return size.max_steps / (STEPS_PER_CONVERSATION * size.conversations)
+
+
+def test_a_machine_that_fits_part_of_the_epochs_gets_every_conversation_and_the_steps_that_fit():
+    probe = _probe_for(7.0, 1280, 1500)
+    size = size_demo(probe, 7.0, 1280, epochs=10)
+    assert size.conversations == 1280 and size.max_steps in (1499, 1500)
+    assert size.minutes == pytest.approx(7.0, abs=0.01)
+
+
+def test_a_fast_machine_stops_at_the_epochs_and_finishes_early():
+    most = math.ceil(STEPS_PER_CONVERSATION * 1280 * 10)
+    probe = _probe_for(7.0, 1280, 3 * most)
+    size = size_demo(probe, 7.0, 1280, epochs=10)
+    assert size.max_steps == most and size.minutes < 4.0
+
+
+def test_a_slow_machine_keeps_two_epochs_with_fewer_conversations_then_runs_long():
+    probe = _probe_for(7.0, 1280, 300)  # every conversation would get ~1.1 epochs
+    size = size_demo(probe, 7.0, 1280, epochs=10)
+    assert 160 <= size.conversations < 1280 and size.conversations % 32 == 0
+    assert _epochs(size) >= 2.0 and size.minutes <= 7.0
+    kept = size_demo(probe, 7.0, 1280, epochs=10, keep_conversations=True)  # asked for: kept, the steps fit
+    assert kept.conversations == 1280 and kept.max_steps == math.ceil(STEPS_PER_CONVERSATION * 1280 * 2)
+    slower = size_demo(probe * 8, 7.0, 1280, epochs=10)
+    assert slower.conversations == 160 and _epochs(slower) >= 2.0 and slower.minutes > 7.0
+
+
+def test_the_steps_that_fit_grow_with_the_time_left_and_shrink_with_a_slower_machine():
+    assert steps_that_fit(0.5, 300) < steps_that_fit(0.5, 400)
+    assert steps_that_fit(1.0, 400) < steps_that_fit(0.5, 400)
+    assert steps_that_fit(0.5, 1.0) == 0
+
+
+def test_the_regeneration_rescales_the_probe():
+    assert rescaled_probe(0.8, 0, 50.0) == 0.8  # nothing regenerated: the probe as it was
+    assert rescaled_probe(1.0, 100, 100 * 0.116 * 1.5) == pytest.approx(1.5, rel=0.01)
+
+
+def test_the_probe_times_the_shipped_target():
+    seconds = measure_speed(TARGET, tokens=128, seconds=0.2)
+    assert 0 < seconds < 5
