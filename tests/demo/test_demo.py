@@ -35,3 +35,8 @@ def test_quick_demo_end_to_end(tmp_path):
     starts = [json.loads(line) for line in (run / "starts.jsonl").read_text().splitlines()]
     assert starts[-1]["topology"] == {"targets": 2, "drafters": 1, "colocated": False, "world_size": 3, "device": "cpu",
                                       "sharded": False}
+    # The demo's drafter leaves for the engines like any other: its feature layers are ones they capture.
+    exported = subprocess.run([sys.executable, "-m", "draftline", "export", str(run), str(out / "export")],
+                              env=env, capture_output=True, text=True, timeout=300)
+    assert exported.returncode == 0, exported.stdout[-2000:] + exported.stderr[-2000:]
+    assert json.loads((out / "export" / "config.json").read_text())["dflash_config"]["target_layer_ids"] == [1, 3, 4]

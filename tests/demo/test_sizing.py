@@ -8,7 +8,8 @@ import pytest
 
 from draftline.demo.pipeline import TARGET
 from draftline.demo.sizing import (
-    STEPS_PER_CONVERSATION, measure_speed, predicted_minutes, rescaled_probe, size_demo, steps_that_fit,
+    FEWEST_STEPS, HEAD, REGENERATE_PER_CONVERSATION, STEPS_PER_CONVERSATION, TAIL, TRAIN_PER_STEP, measure_speed,
+    predicted_minutes, rescaled_probe, size_demo, steps_after_data, steps_that_fit,
 )
 
 
@@ -54,7 +55,21 @@ def test_the_steps_that_fit_grow_with_the_time_left_and_shrink_with_a_slower_mac
 
 def test_the_regeneration_rescales_the_probe():
     assert rescaled_probe(0.8, 0, 50.0) == 0.8  # nothing regenerated: the probe as it was
-    assert rescaled_probe(1.0, 100, 100 * 0.116 * 1.5) == pytest.approx(1.5, rel=0.01)
+    assert rescaled_probe(1.0, 100, 100 * REGENERATE_PER_CONVERSATION * 1.5) == pytest.approx(1.5)
+    assert rescaled_probe(1.0, 100, 1e6) == 2.0 and rescaled_probe(1.0, 100, 0.0) == 0.5  # within 0.5-2x
+
+
+def test_after_a_slow_regeneration_the_time_left_decides_the_steps():
+    """A machine that slowed after the probe: the training gets what fits, below the planned two epochs."""
+    size = size_demo(1.0, 7.0, 1280, epochs=10)
+    planned_regen = REGENERATE_PER_CONVERSATION * size.conversations
+    left = 7.0 * 60 - HEAD - planned_regen  # the time left had the regeneration taken what was planned
+    steps, probe = steps_after_data(size, planned_regen, left)
+    assert probe == pytest.approx(1.0) and abs(steps - size.max_steps) <= 1
+    slow_steps, slow_probe = steps_after_data(size, 1.3 * planned_regen, left - 0.3 * planned_regen)
+    assert slow_probe == pytest.approx(1.3) and slow_steps < 0.7 * size.max_steps
+    assert slow_probe * (TAIL + TRAIN_PER_STEP * slow_steps) <= left - 0.3 * planned_regen  # ends in time
+    assert steps_after_data(size, planned_regen, 1.0)[0] == FEWEST_STEPS  # no time at all: the fewest
 
 
 def test_the_probe_times_the_shipped_target():

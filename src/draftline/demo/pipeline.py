@@ -14,7 +14,6 @@ Each stage runs the real command (printed first, so it can be copied to a real r
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shlex
@@ -24,9 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftline.demo.sizing import (
-    STEPS_PER_CONVERSATION, TAIL, TRAIN_PER_STEP, DemoSize, measure_speed, rescaled_probe, size_demo, steps_that_fit,
-)
+from draftline.demo.sizing import TAIL, TRAIN_PER_STEP, DemoSize, measure_speed, size_demo, steps_after_data
 
 ASSETS = Path(__file__).parent / "assets"
 TARGET = ASSETS / "tiny-target"
@@ -200,10 +197,7 @@ def run_demo(cfg: DemoConfig) -> dict:
 
     max_steps = None
     if size is not None:  # sized again: the regeneration measured this machine for longer, just now
-        probe_s = rescaled_probe(size.probe_s, cfg.conversations, stages.took["regenerate"])
-        probe_s = min(2 * size.probe_s, max(size.probe_s / 2, probe_s))
-        fewest = min(size.max_steps, math.ceil(STEPS_PER_CONVERSATION * cfg.conversations * 2))
-        max_steps = max(fewest, min(size.max_steps, steps_that_fit(probe_s, deadline - time.time())))
+        max_steps, probe_s = steps_after_data(size, stages.took["regenerate"], deadline - time.time())
         stages.planned_end = time.time() + probe_s * (TAIL + TRAIN_PER_STEP * max_steps)
     stages.header("train", f"{cfg.gpus - 1} target ranks + 1 drafter rank on CPU (torchrun, gloo)"
                   + (f", {max_steps} steps (what fits in the time here)" if max_steps else ""))

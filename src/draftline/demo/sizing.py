@@ -20,8 +20,9 @@ from pathlib import Path
 
 # Seconds of each stage per second of the probe, measured on the project's 2-core machine with a
 # probe of 0.98 s (docs/PERF_NOTES.md, "The demo sized to the machine").
-REGENERATE_PER_CONVERSATION = 0.116
-"""``draftline regenerate`` (64 new tokens per reply, batches of 32), per conversation."""
+REGENERATE_PER_CONVERSATION = 0.13
+"""``draftline regenerate`` (64 new tokens per reply, batches of 32), per conversation (0.116, 0.124 and
+0.152 in three runs: their mean)."""
 TRAIN_PER_STEP = 0.43
 """``draftline train``'s line (2 targets + 1 drafter), per optimizer step of one 1,024-token batch."""
 HEAD = 25.0
@@ -97,5 +98,19 @@ def size_demo(probe_s: float, minutes: float, conversations: int, epochs: int, f
 
 def rescaled_probe(probe_s: float, conversations: int, regenerate_s: float) -> float:
     """The probe's figure corrected by the regeneration's real time (a longer measurement of the same
-    machine, taken just before the training)."""
-    return regenerate_s / (REGENERATE_PER_CONVERSATION * conversations) if conversations else probe_s
+    machine, taken just before the training), within 0.5-2x of the probe."""
+    if not conversations:
+        return probe_s
+    return min(2 * probe_s, max(probe_s / 2, regenerate_s / (REGENERATE_PER_CONVERSATION * conversations)))
+
+
+FEWEST_STEPS = 100
+"""The fewest training steps the demo runs however little time is left (a machine far slower than planned)."""
+
+
+def steps_after_data(size: DemoSize, regenerate_s: float, seconds_left: float) -> tuple[int, float]:
+    """The training's steps once the data is made, and the probe they were fitted with: the time left
+    decides (the promise is the minutes), at most the planned steps, at least ``FEWEST_STEPS``."""
+    probe_s = rescaled_probe(size.probe_s, size.conversations, regenerate_s)
+    fit = steps_that_fit(probe_s, seconds_left)
+    return max(min(FEWEST_STEPS, size.max_steps), min(size.max_steps, fit)), probe_s
