@@ -38,7 +38,7 @@ VARIANTS = {  # kernel options ("fwd_"/"bwd_" prefixes apply to one pass only); 
     "fwd128": {"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 128, "fwd_num_warps": 8, "fwd_num_stages": 2},
     "tuned": {"fwd_BLOCK_M": 128, "fwd_BLOCK_N": 128, "fwd_num_warps": 8, "fwd_num_stages": 1,
               "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32, "bwd_num_warps": 4,
-              "bwd_num_stages": 3},  # what max-autotune chose on an H200 (session 13)
+              "bwd_num_stages": 3},  # what max-autotune chose on an H200 (docs/PERF_NOTES.md)
     "autotune": {},
     "flash": {"BACKEND": "FLASH"},  # FlashAttention-4's CuTe DSL kernels (needs flash-attn-4 installed)
     "flash_static": {"BACKEND": "FLASH"},

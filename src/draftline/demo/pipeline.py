@@ -66,7 +66,7 @@ class DemoConfig:
     """Held-out prompts for the final acceptance measurement."""
     eval_max_new_tokens: int = 64
     gpus: int = 3
-    """Processes of the line: 2 targets + 1 drafter."""
+    """Processes of the line: 2 targets + 1 drafter (on 2 cores as fast as any layout measured, docs/PERF_NOTES.md)."""
     seed: int = 0
 
     @classmethod

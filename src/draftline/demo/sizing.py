@@ -3,11 +3,12 @@
 Machines of one kind differ (two 2-core CPU machines of this project ran the demo's training 2x
 apart). ``measure_speed`` times the shipped tiny target itself: a forward and backward pass over
 one demo-sized batch on one thread, the work that regeneration and training are made of.
-``size_demo`` turns that time into the demo's work: a fixed number of conversations (what tau needs
-most, README "The demo") and as many training steps as fit in the time left, at most the demo's
-epochs. The constants below are the demo's stages measured against the probe on the project's
-2-core machine (docs/PERF_NOTES.md, "The demo sized to the machine"); after regeneration the demo
-sizes its training again from the time that stage really took (``steps_that_fit``).
+``size_demo`` turns that time into the demo's work: as many conversations (at most the demo's)
+and training steps (at most its epochs) as fit in the minutes, fewer conversations only where they
+would not get two epochs. The constants below are the demo's stages measured against the probe on
+the project's 2-core machine (docs/PERF_NOTES.md, "The demo sized to the machine"). After
+regeneration, ``steps_after_data`` fits the training again into the time left, from the time that
+stage really took.
 """
 
 from __future__ import annotations
