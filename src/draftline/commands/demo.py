@@ -14,10 +14,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="the shortened demo CI runs: less data and fewer steps, same code path, lower tau")
     parser.add_argument("--minutes", type=float, metavar="MIN",
-                        help="the demo's time on this machine: it measures the machine's speed first, then regenerates "
-                             "as many conversations and trains as many steps as fit (default 7.5; `make demo` passes 9.5 "
-                             "with --since, so that with its set-up it ends within 10 minutes; 0: every epoch of the "
-                             "demo's 1,280 conversations, however long; --quick is fixed-size)")
+                        help="the demo's time on this machine: it measures the machine's speed first, then "
+                             "regenerates as many conversations and trains as many steps as fit (default 7.5; `make "
+                             "demo` passes 9.5 with --since, so that with its set-up it ends within 10 minutes; 0: "
+                             "every epoch of the demo's 1,280 conversations, however long; --quick is fixed-size)")
     parser.add_argument("--since", type=float, metavar="UNIX_TIME",
                         help="count --minutes from this time instead of the demo's own start (`make demo` passes the "
                              "time it was typed, so its set-up counts)")

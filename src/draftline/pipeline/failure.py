@@ -1,11 +1,12 @@
 """A failed rank's last words: name the failure and its culprit, save what can be saved, the exit code.
 
 Every exception of a rank ends in ``fail``. A user-fixable ``DraftlineError`` is reported as is
-(exit 2; a ``MachineError``, such as a full disk, exit 1). Otherwise the rank looks for a culprit: a communication error here is usually the echo of
-another rank's death, which the watchdog names (``Health.scan``). With one drafter, the drafter saves
-a checkpoint of its last completed step and writes ``RUN_DIR/failure.json``; with several (their
-state sharded, a dead rank's shard gone with it) the newest periodic checkpoint is the one to resume
-from, and the message says which.
+(exit 2; a ``MachineError``, such as a full disk, exit 1). Otherwise the rank looks for a culprit: a
+communication error here is usually the echo of another rank's death, which the watchdog names
+(``Health.scan``). With one drafter, the drafter saves a checkpoint of its last completed step; with
+several (their state sharded, a dead rank's shard gone with it) the newest periodic checkpoint is the
+one to resume from, and the message says which. The first drafter writes ``RUN_DIR/failure.json``,
+the second one when the first is the rank that died.
 """
 
 from __future__ import annotations
