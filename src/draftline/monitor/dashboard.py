@@ -97,11 +97,10 @@ def balance_advice(status: LineStatus) -> str:
         side, other, wait = ("target", "drafter", target) if target_waits else ("drafter", "target", drafter)
         return (f"colocated: the {side} waits {wait:.0%} of the time while its {other} computes on the same device "
                 f"(expected: nothing to rebalance; `draftline plan` compares a target/drafter split)")
-    if status.cpu_cores is not None:
+    if status.cpu_cores is not None and (target_waits or drafter_waits):
         side, wait = ("targets", target) if target_waits else ("drafters", drafter)
-        if target_waits or drafter_waits:
-            return (f"{side} wait {wait:.0%} of the time; the ranks share this host's {status.cpu_cores} CPU cores and "
-                    "a waiting rank leaves its core to the others: another split adds no compute")
+        return (f"{side} wait {wait:.0%} of the time; the ranks share this host's {status.cpu_cores} CPU cores and "
+                "a waiting rank leaves its core to the others: another split adds no compute")
     t, d = status.num_targets, status.num_drafters
     if drafter_waits:
         move = f"--targets {t + 1} --drafters {d - 1}" if t and d and d > 1 else "add target ranks"
