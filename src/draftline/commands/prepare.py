@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
+from draftline.cores import usable_cores
 from draftline.data.prepare import PrepareConfig, format_stats, prepare
 
 _THINKING = {"on": True, "off": False}
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     samples.add_argument("--strict", action="store_true",
                          help="stop at the first record that would be skipped, naming its file and line (default: "
                               "skip it and count it by reason)")
-    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1), metavar="N",
+    parser.add_argument("--workers", type=int, default=max(1, usable_cores() - 1), metavar="N",
                         help="tokenizing processes run in parallel (default: this machine's cores - 1)")
 
 

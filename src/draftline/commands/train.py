@@ -18,6 +18,7 @@ import typing
 from pathlib import Path
 
 from draftline.config import TrainConfig, apply_dict, field_types, load_config_file
+from draftline.cores import usable_cores
 
 # flag -> (section, field). The flag's type comes from the field's annotation in draftline.config (one
 # typed source for flags and config files): int/float/str as such, list[...] comma-separated, bool a switch.
@@ -257,11 +258,7 @@ def _cpu_launch_env(device: str) -> None:
 def threads_per_rank(num_processes: int) -> int:
     """OpenMP threads of each of ``num_processes`` ranks on this node: its cores shared out, so the
     ranks do not oversubscribe them (torchrun would set 1, and print a banner saying so)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, num_processes))
+    return max(1, usable_cores() // max(1, num_processes))
 
 
 def _launch_env(device: str, num_processes: int) -> None:

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftline.cores import usable_cores
 from draftline.demo.sizing import TAIL, TRAIN_PER_STEP, DemoSize, measure_speed, size_demo, steps_after_data
 
 ASSETS = Path(__file__).parent / "assets"
@@ -126,7 +127,7 @@ class Stages:
         threads than cores made the demo's 3 ranks on 2 cores 1.4x slower (docs/PERF_NOTES.md).
         """
         print("$ draftline " + " ".join(shlex.quote(a) for a in args), flush=True)
-        threads = str(max(1, min(4, (os.cpu_count() or 1) // processes)))
+        threads = str(max(1, min(4, usable_cores() // processes)))
         env = {"OMP_NUM_THREADS": threads, **os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         result = subprocess.run([sys.executable, "-m", "draftline", *args], env=env)
         if result.returncode != 0:

@@ -25,7 +25,6 @@ import gzip
 import json
 import math
 import multiprocessing
-import os
 import platform
 import random
 import sys
@@ -37,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from draftline.cores import usable_cores
 from draftline.demo.corpus import CorpusConfig, add_docstrings, build_conversations, collect_stdlib
 from draftline.pipeline.optim import lr_factor
 
@@ -249,7 +249,7 @@ def all_training_rows(files: list[dict], encoder: LineEncoder, cfg: TinyTargetCo
     print(f"data: {first.numel() / 1e6:.2f}M tokens per epoch ({first.shape[0]} rows of {cfg.seq_len + 1}); "
           f"{cfg.steps} steps take {num_epochs} epochs")
     _POOL_STATE = (files, encoder, cfg)
-    workers = max(1, min(num_epochs - 1, (os.cpu_count() or 2) - 1))
+    workers = max(1, min(num_epochs - 1, usable_cores() - 1))
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         return [first, *pool.map(_rows_in_worker, range(1, num_epochs))]
 

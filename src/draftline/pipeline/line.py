@@ -10,7 +10,6 @@ export, the final measurement). A failure ends in ``failure.fail`` with ``Line.f
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 
 from draftline.checkpoint.export import save_drafter
 from draftline.checkpoint.state import check_disk_space
+from draftline.cores import usable_cores
 from draftline.model.target import TargetFeatures
 from draftline.monitor.dashboard import Dashboard
 from draftline.monitor.flops import resolve_peak
@@ -197,7 +197,7 @@ class Line:
             schedule=spec.data.schedule, peak=peak, num_devices=spec.env.world_size,
             q_pre_capacity=c.topology.q_pre, q_hs_capacity=c.topology.q_hs, interval_s=c.monitor.interval_s,
             trace_dir=spec.run_dir / "trace" if c.engine.trace else None, counters=counters,
-            cpu_cores=(os.cpu_count() or 1) if spec.device.type == "cpu" else None,
+            cpu_cores=usable_cores() if spec.device.type == "cpu" else None,
         )
         rundir.log_start(c, rundir.StartDecision(spec.mode, Path(spec.checkpoint) if spec.checkpoint else None),
                          step=spec.start_step, world_size=spec.env.world_size, topology=self.topology())
