@@ -133,6 +133,11 @@ class OptimConfig:
     max_steps: int | None = None
     """Stop after this many optimizer steps (a trial, a budget); the learning-rate schedule (warmup,
     cosine) is fitted to these steps, so the trial ends decayed like a whole run. None = all epochs."""
+    max_minutes: float | None = None
+    """End the training at the first step boundary after this many minutes of it (counted from this
+    start's first step, a resume's too) and finish the run there: final checkpoint, exported drafter,
+    final measurement. The learning-rate schedule keeps its length (--max-steps fits it): a limit that
+    cuts its end leaves the learning rate above its floor. None = no time limit."""
     max_bad_steps: int = 20
     """Consecutive optimizer steps with a non-finite loss or gradient (each skipped, not applied)
     after which training stops with an error; raise it only to ride out a known bad stretch of data."""
@@ -472,6 +477,8 @@ def validate(config: TrainConfig) -> None:
     _positive(o.grad_clip, "optim.grad_clip (--grad-clip)", allow_zero=True)
     if o.max_steps is not None:
         _positive(o.max_steps, "optim.max_steps (--max-steps)")
+    if o.max_minutes is not None:
+        _positive(o.max_minutes, "optim.max_minutes (--max-minutes)")
     _positive(o.max_bad_steps, "optim.max_bad_steps")
     for name in ("targets", "drafters", "gpus"):
         value = getattr(t, name)

@@ -9,7 +9,7 @@ import pytest
 from draftline.demo.pipeline import TARGET
 from draftline.demo.sizing import (
     FEWEST_STEPS, HEAD, REGENERATE_PER_CONVERSATION, STEPS_PER_CONVERSATION, TAIL, TRAIN_PER_STEP, measure_speed,
-    predicted_minutes, rescaled_probe, size_demo, steps_after_data, steps_that_fit,
+    predicted_minutes, size_demo, steps_after_data, steps_that_fit, training_limit_s,
 )
 
 
@@ -53,25 +53,26 @@ def test_the_steps_that_fit_grow_with_the_time_left_and_shrink_with_a_slower_mac
     assert steps_that_fit(0.5, 1.0) == 0
 
 
-def test_the_regeneration_rescales_the_probe():
-    assert rescaled_probe(0.8, 0, 50.0) == 0.8  # nothing regenerated: the probe as it was
-    assert rescaled_probe(1.0, 100, 100 * REGENERATE_PER_CONVERSATION * 1.5) == pytest.approx(1.5)
-    assert rescaled_probe(1.0, 100, 1e6) == 2.0 and rescaled_probe(1.0, 100, 0.0) == 0.5  # within 0.5-2x
-
-
-def test_after_a_slow_regeneration_the_time_left_decides_the_steps():
-    """A machine that slowed after the probe: the training gets what fits, below the planned two epochs."""
+def test_after_the_data_the_probe_taken_again_and_the_time_left_decide_the_steps():
+    """A machine that slowed after the first probe: the training gets what fits, below the plan."""
     size = size_demo(1.0, 7.0, 1280, epochs=10)
-    planned_regen = REGENERATE_PER_CONVERSATION * size.conversations
-    left = 7.0 * 60 - HEAD - planned_regen  # the time left had the regeneration taken what was planned
-    steps, probe = steps_after_data(size, planned_regen, left)
-    assert probe == pytest.approx(1.0) and abs(steps - size.max_steps) <= 1
-    slow_steps, slow_probe = steps_after_data(size, 1.3 * planned_regen, left - 0.3 * planned_regen)
-    assert slow_probe == pytest.approx(1.3) and slow_steps < 0.7 * size.max_steps
-    assert slow_probe * (TAIL + TRAIN_PER_STEP * slow_steps) <= left - 0.3 * planned_regen  # ends in time
-    assert steps_after_data(size, planned_regen, 1.0)[0] == FEWEST_STEPS  # no time at all: the fewest
+    left = 7.0 * 60 - HEAD - REGENERATE_PER_CONVERSATION * size.conversations  # the data took what was planned
+    assert abs(steps_after_data(size, 1.0, left) - size.max_steps) <= 1
+    slow = steps_after_data(size, 1.3, left)
+    assert slow < 0.7 * size.max_steps and 1.3 * (TAIL + TRAIN_PER_STEP * slow) <= left  # ends in time
+    assert steps_after_data(size, 0.5, left) == size.max_steps  # faster now: never more than planned
+    assert steps_after_data(size, 1.0, 1.0) == FEWEST_STEPS  # no time at all: the fewest
 
 
 def test_the_probe_times_the_shipped_target():
     seconds = measure_speed(TARGET, tokens=128, seconds=0.2)
     assert 0 < seconds < 5
+
+
+def test_the_training_time_limit_keeps_the_tail_back_and_allows_the_fewest_steps():
+    probe, left = 0.5, 400.0
+    steps = steps_after_data(size_demo(probe, 7.0, 1280, epochs=10), probe, left)
+    limit = training_limit_s(probe, left, steps)
+    assert limit == pytest.approx(left - probe * TAIL)
+    assert probe * TRAIN_PER_STEP * steps <= limit  # the planned steps fit in the limit at the probe's speed
+    assert training_limit_s(probe, 10.0, FEWEST_STEPS) == pytest.approx(probe * TRAIN_PER_STEP * FEWEST_STEPS)

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftline.cores import usable_cores
-from draftline.demo.sizing import TAIL, TRAIN_PER_STEP, DemoSize, measure_speed, size_demo, steps_after_data
+from draftline.demo.sizing import (
+    TAIL, TRAIN_PER_STEP, DemoSize, measure_speed, size_demo, steps_after_data, training_limit_s,
+)
 
 ASSETS = Path(__file__).parent / "assets"
 TARGET = ASSETS / "tiny-target"
@@ -134,9 +136,13 @@ class Stages:
             raise RuntimeError(f"`draftline {args[0]}` failed with exit code {result.returncode} (its output is above)")
 
 
-def train_args(cfg: DemoConfig, data: Path, run_dir: Path, max_steps: int | None = None) -> list[str]:
-    """``draftline train`` arguments of the demo's run (``max_steps``: the steps that fit here)."""
+def train_args(cfg: DemoConfig, data: Path, run_dir: Path, max_steps: int | None = None,
+               max_minutes: float | None = None) -> list[str]:
+    """``draftline train`` arguments of the demo's run (``max_steps``: the steps that fit here;
+    ``max_minutes``: the time the training's steps may take, whatever the machine does meanwhile)."""
     steps = ["--max-steps", str(max_steps)] if max_steps else []
+    if max_minutes:
+        steps += ["--max-minutes", f"{max_minutes:.2f}"]
     return [
         "train", "--target", str(TARGET), "--data", str(data), "--out", str(run_dir), "--from-scratch",
         "--gpus", str(cfg.gpus), "--targets", str(cfg.gpus - 1), "--device", "cpu",
@@ -197,13 +203,18 @@ def run_demo(cfg: DemoConfig) -> dict:
     data = make_data(cfg, out, stages)
 
     max_steps = None
-    if size is not None:  # sized again: the regeneration measured this machine for longer, just now
-        max_steps, probe_s = steps_after_data(size, stages.took["regenerate"], deadline - time.time())
-        stages.planned_end = time.time() + probe_s * (TAIL + TRAIN_PER_STEP * max_steps)
+    probe_now = max_minutes = None
+    if size is not None:  # sized again: the machine's speed now, the time left now
+        probe_now = measure_speed(TARGET)
+        left = deadline - time.time()
+        max_steps = steps_after_data(size, probe_now, left)
+        max_minutes = training_limit_s(probe_now, left, max_steps) / 60
+        stages.planned_end = time.time() + probe_now * (TAIL + TRAIN_PER_STEP * max_steps)
     stages.header("train", f"{cfg.gpus - 1} target ranks + 1 drafter rank on CPU (torchrun, gloo)"
-                  + (f", {max_steps} steps (what fits in the time here)" if max_steps else ""))
+                  + (f", {max_steps} steps in at most {max_minutes:.1f} min (what fits in the time here: "
+                     f"{probe_now * 1000:.0f} ms per pass now)" if max_steps else ""))
     run_dir = out / "run"
-    stages.command(train_args(cfg, data, run_dir, max_steps), processes=cfg.gpus)
+    stages.command(train_args(cfg, data, run_dir, max_steps, max_minutes), processes=cfg.gpus)
     stages.finish("train")
 
     stages.header("eval", f"speculative decoding on {cfg.eval_prompts} held-out prompts, block size {cfg.block_size}")
@@ -231,7 +242,10 @@ def run_demo(cfg: DemoConfig) -> dict:
     print(f"  report: {run_dir / 'report' / 'summary.md'} (and the PNG plots beside it)")
     print(f"  evaluation, per prompt: {eval_json}")
     result = {"tau": tau, "monitor_tau": monitor_tau, "minutes": minutes, "run_dir": str(run_dir),
-              "eval": str(eval_json)}
+              "eval": str(eval_json), "stage_seconds": {k: round(v, 1) for k, v in stages.took.items()},
+              "conversations": cfg.conversations, "max_steps": max_steps, **_trained(run_dir)}
+    if size is not None:
+        result["probe_s"] = {"start": round(size.probe_s, 4), "before_training": round(probe_now, 4)}
     (out / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -249,6 +263,13 @@ def _size_for_this_machine(cfg: DemoConfig, deadline: float | None) -> DemoSize 
     print(f"  {size.probe_s * 1000:.0f} ms per pass: {size.conversations} conversations and up to {size.max_steps} "
           f"training steps, about {size.minutes:.0f} minutes here{slow}", flush=True)
     return size
+
+
+def _trained(run_dir: Path) -> dict:
+    """The steps the training took and what ended it ("time limit" where --max-minutes cut the plan)."""
+    path = run_dir / "metrics.jsonl"
+    ends = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "end"] if path.is_file() else []
+    return {"trained_steps": ends[-1]["step"], "ended_by": ends[-1].get("reason") or "last step"} if ends else {}
 
 
 def final_monitor_tau(run_dir: Path) -> float | None:

@@ -6,9 +6,8 @@ one demo-sized batch on one thread, the work that regeneration and training are 
 ``size_demo`` turns that time into the demo's work: as many conversations (at most the demo's)
 and training steps (at most its epochs) as fit in the minutes, fewer conversations only where they
 would not get two epochs. The constants below are the demo's stages measured against the probe on
-the project's 2-core machine (docs/PERF_NOTES.md, "The demo sized to the machine"). After
-regeneration, ``steps_after_data`` fits the training again into the time left, from the time that
-stage really took.
+the project's 2-core machine (docs/PERF_NOTES.md, "The demo sized to the machine"). Once the data is
+made, the demo takes the probe again and ``steps_after_data`` fits the training into the time left.
 """
 
 from __future__ import annotations
@@ -19,19 +18,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# Seconds of each stage per second of the probe, measured on the project's 2-core machine with a
-# probe of 0.98 s (docs/PERF_NOTES.md, "The demo sized to the machine").
+# Seconds of each stage per second of the probe, measured on the project's 2-core AMD EPYC (probe
+# 0.98 s) and on two cores of an Intel Xeon (probe 0.47-0.57 s; docs/PERF_NOTES.md, "The demo sized to
+# the machine").
 REGENERATE_PER_CONVERSATION = 0.13
 """``draftline regenerate`` (64 new tokens per reply, batches of 32), per conversation (0.116, 0.124 and
 0.152 in three runs: their mean)."""
-TRAIN_PER_STEP = 0.43
-"""``draftline train``'s line (2 targets + 1 drafter), per optimizer step of one 1,024-token batch."""
+TRAIN_PER_STEP = 0.45
+"""``draftline train``'s line (2 targets + 1 drafter), per optimizer step of one 1,024-token batch (0.43
+on the EPYC; 0.42-0.52 on the Xeon, where the probe varied more)."""
 HEAD = 25.0
 """What comes before the training and does not grow with the conversations: this probe, cutting the
 conversations, the target's load for regeneration, ``draftline prepare``."""
-TAIL = 116.0
+TAIL = 130.0
 """What comes after the data and does not grow with the steps: the line's start, its ~10 small
-measurements and the final one, the final checkpoint, ``draftline eval`` and ``draftline report``."""
+measurements and the final one, the final checkpoint, ``draftline eval`` and ``draftline report``
+(116 and 135 on the EPYC, 136 on the Xeon)."""
 STEPS_PER_CONVERSATION = 0.209
 """Optimizer steps of one epoch per conversation (1,280 regenerated conversations pack into 268
 batches of 1,024 tokens)."""
@@ -97,21 +99,21 @@ def size_demo(probe_s: float, minutes: float, conversations: int, epochs: int, f
     return DemoSize(probe_s, conversations, chosen, predicted_minutes(probe_s, conversations, chosen))
 
 
-def rescaled_probe(probe_s: float, conversations: int, regenerate_s: float) -> float:
-    """The probe's figure corrected by the regeneration's real time (a longer measurement of the same
-    machine, taken just before the training), within 0.5-2x of the probe."""
-    if not conversations:
-        return probe_s
-    return min(2 * probe_s, max(probe_s / 2, regenerate_s / (REGENERATE_PER_CONVERSATION * conversations)))
-
-
 FEWEST_STEPS = 100
 """The fewest training steps the demo runs however little time is left (a machine far slower than planned)."""
 
 
-def steps_after_data(size: DemoSize, regenerate_s: float, seconds_left: float) -> tuple[int, float]:
-    """The training's steps once the data is made, and the probe they were fitted with: the time left
-    decides (the promise is the minutes), at most the planned steps, at least ``FEWEST_STEPS``."""
-    probe_s = rescaled_probe(size.probe_s, size.conversations, regenerate_s)
+def training_limit_s(probe_s: float, seconds_left: float, steps: int) -> float:
+    """The training's time limit (``--max-minutes``, counted from its first step): the time left less the
+    tail, so that a machine slower than its probe still ends in time (its last steps are cut), and never
+    less than ``steps`` (at most ``FEWEST_STEPS`` of them) take at the probe's speed."""
+    return max(seconds_left - probe_s * TAIL, probe_s * TRAIN_PER_STEP * min(steps, FEWEST_STEPS))
+
+
+def steps_after_data(size: DemoSize, probe_s: float, seconds_left: float) -> int:
+    """The training's steps once the data is made, from the probe taken again just then (``probe_s``:
+    the machine's speed now; its load can change within minutes): the time left decides (the promise is
+    the minutes), at most the planned steps, at least ``FEWEST_STEPS``. The regeneration's own time is no
+    measure of the training: decoding slowed against the probe on a machine whose training did not."""
     fit = steps_that_fit(probe_s, seconds_left)
-    return max(min(FEWEST_STEPS, size.max_steps), min(size.max_steps, fit)), probe_s
+    return max(min(FEWEST_STEPS, size.max_steps), min(size.max_steps, fit))

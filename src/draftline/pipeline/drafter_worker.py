@@ -37,8 +37,8 @@ from draftline.pipeline.shard import DrafterGroup
 from draftline.pipeline.transport import Delivery
 
 # Entries appended to the metrics vector for the step's all-reduce.
-TOKENS, SAMPLES, BATCHES, FLOPS, STOP, SAVE, GRAD_SQ = range(7)
-_NUM_EXTRA = 7
+TOKENS, SAMPLES, BATCHES, FLOPS, STOP, SAVE, GRAD_SQ, TIME_UP = range(8)
+_NUM_EXTRA = 8
 
 
 @dataclass
@@ -79,6 +79,8 @@ class StepRecord:
     """A drafter was asked to stop (a signal): every drafter stops after this step."""
     save: bool
     """The first drafter's checkpoint clock is due: every drafter saves after this step."""
+    time_up: bool = False
+    """A drafter's time limit (--max-minutes) has passed: every drafter finishes after this step."""
 
     @property
     def finite(self) -> bool:
@@ -235,14 +237,15 @@ class DrafterWorker:
             device=self.device)
 
     # ------------------------------------------------------------------ the update
-    def queue_update(self, *, stop: bool = False, save: bool = False) -> None:
+    def queue_update(self, *, stop: bool = False, save: bool = False, time_up: bool = False) -> None:
         """Sum the step's metrics over the drafters, normalise, clip and queue AdamW without waiting for it.
-        ``stop``/``save``: this drafter's flags, summed with the others' (any drafter's flag counts)."""
+        ``stop``/``save``/``time_up``: this drafter's flags, summed with the others' (any drafter's flag counts)."""
         start = time.perf_counter()
         with out_of_memory_context(self.device, self._step_context):
             extra = self._extra
             extra[STOP].fill_(1.0 if stop else 0.0)  # fill_: no host-to-device copy (a sync)
             extra[SAVE].fill_(1.0 if save else 0.0)
+            extra[TIME_UP].fill_(1.0 if time_up else 0.0)
             if self.group.sharded:
                 extra[GRAD_SQ].copy_(grad_sq_norm(self.params))
             vector = self.group.all_reduce(self._vector.clone())
@@ -286,7 +289,8 @@ class DrafterWorker:
         record = StepRecord(step=step, metrics=host[:size], tokens=int(host[size + TOKENS]),
                             samples=int(host[size + SAMPLES]), batches=int(host[size + BATCHES]),
                             flops=float(host[size + FLOPS]), grad_norm=float(host[-1]), lr=lr,
-                            stop=float(host[size + STOP]) > 0, save=float(host[size + SAVE]) > 0)
+                            stop=float(host[size + STOP]) > 0, save=float(host[size + SAVE]) > 0,
+                            time_up=float(host[size + TIME_UP]) > 0)
         if record.finite:
             self.counters.bad_in_a_row = 0
         else:

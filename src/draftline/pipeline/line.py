@@ -58,6 +58,8 @@ class Line:
         self.receiver = None
         self.target_preflight = None  # the target's preflight result (a colocated drafter's adds its transient)
         self.target_thread = None  # colocated: the target's thread
+        self.time_limit_at: float | None = None
+        """When the training ends by --max-minutes (set as it starts), or None."""
 
     # ------------------------------------------------------------------ the run
     def run(self) -> str:
@@ -94,10 +96,12 @@ class Line:
 
     def _train(self) -> str:
         self.monitor.start()
+        minutes = self.spec.config.optim.max_minutes
+        self.time_limit_at = None if minutes is None else time.time() + minutes * 60
         try:
             status = loop.train(self.spec, self.worker, self.receiver, monitor=self.monitor,
                                 checkpointer=self.checkpointer, evaluation=self.evaluation,
-                                stop_requested=self._stop_requested)
+                                stop_requested=self._stop_requested, time_up=self._time_up)
         finally:
             self.monitor.stop()  # its last record: the rates of the training's last interval
         self.finish_drafter(status)
@@ -113,7 +117,9 @@ class Line:
             weights = self.group.full_weights(worker.drafter)
             if first:
                 final = save_drafter(worker.drafter, spec.run_dir / "final", dtype=torch.bfloat16, weights=weights)
-                print(f"draftline: finished at step {worker.step}; drafter in {final}")
+                early = (f" of {spec.total_steps} (--max-minutes {spec.config.optim.max_minutes:g} reached)"
+                         if worker.step < spec.total_steps else "")
+                print(f"draftline: finished at step {worker.step}{early}; drafter in {final}")
             summary = self.evaluation.final(worker.drafter, worker.step)
             if summary is not None:
                 self.monitor.measured = summary
@@ -127,7 +133,8 @@ class Line:
         if first:
             self.logger.log({"kind": "end", "time": time.time(), "elapsed_s": time.time() - self.monitor.started,
                              "step": worker.step, "status": status,
-                             "reason": "signal" if status == loop.STOPPED else ""})
+                             "reason": "signal" if status == loop.STOPPED
+                             else "time limit" if worker.step < self.spec.total_steps else ""})
             if self.store is not None:
                 self.store.set("run_over", status)
         self.health.report_done()
@@ -224,6 +231,9 @@ class Line:
         write_trace(self.spec.run_dir / "trace", f"drafter-{self.spec.env.rank}.jsonl", {
             "step": delivery.seq // self.spec.batches_per_step, "seq": delivery.seq, "epoch": delivery.batch.epoch,
             "sample_ids": delivery.batch.sample_ids.tolist()})
+
+    def _time_up(self) -> bool:
+        return self.time_limit_at is not None and time.time() >= self.time_limit_at
 
     def _stop_requested(self) -> bool:
         if self.signals.requested:

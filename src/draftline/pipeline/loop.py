@@ -4,12 +4,13 @@
         batches -> features  this drafter's share of the step, handed over by the targets (``receiver``)
         objective            forward and backward of every pass (``DrafterWorker.accumulate``)
         record               the step before's, read now (one step late: the GPU still works on this one);
-                             its monitor line, checkpoint and evaluation; a stop agreed there ends the loop
-                             before this step is taken (a resume trains its batches again)
+                             its monitor line, checkpoint and evaluation; a stop agreed there (a signal, or
+                             the time limit) ends the loop before this step is taken (a resume trains its
+                             batches again)
         step                 the metrics all-reduced, the gradients clipped, AdamW: queued, not waited for
     the last step's record, the same way
 
-Every drafter runs this loop in step: the record's stop and save flags are summed over the drafters,
+Every drafter runs this loop in step: the record's stop, save and time flags are summed over the drafters,
 the evaluation cadence is a function of the step, so they all save, evaluate and stop at the same
 step. The end of the run (final checkpoint, export, final measurement) is the caller's
 (``line.Line.finish_drafter``).
@@ -29,8 +30,10 @@ FINISHED, STOPPED = "finished", "stopped"
 
 
 def train(spec: RunSpec, worker: DrafterWorker, receiver: FeatureReceiver, *, monitor, checkpointer: Checkpointer,
-          evaluation: InTrainingEvaluation, stop_requested: Callable[[], bool]) -> str:
-    """Train from ``spec.start_step`` to ``spec.total_steps``; returns "finished" or "stopped"."""
+          evaluation: InTrainingEvaluation, stop_requested: Callable[[], bool],
+          time_up: Callable[[], bool] = lambda: False) -> str:
+    """Train from ``spec.start_step`` to ``spec.total_steps``, or until ``time_up``; returns "finished" or
+    "stopped" (``stop_requested``: a signal; the run can continue with --resume)."""
     for step in range(spec.start_step, spec.total_steps):
         # ---- batches -> features
         deliveries = receive(receiver, spec.drafter_seqs(step), worker)
@@ -40,11 +43,11 @@ def train(spec: RunSpec, worker: DrafterWorker, receiver: FeatureReceiver, *, mo
         record = worker.read_record()
         if record is not None:
             after_step(record, worker, monitor, checkpointer, evaluation)
-            if record.stop:
+            if record.stop or record.time_up:
                 worker.drop_gradients()  # this step is not taken
-                return STOPPED
+                return STOPPED if record.stop else FINISHED
         # ---- step: queued, the host goes on to the next step's batches
-        worker.queue_update(stop=stop_requested(), save=checkpointer.clock_due())
+        worker.queue_update(stop=stop_requested(), save=checkpointer.clock_due(), time_up=time_up())
     record = worker.read_record()
     if record is not None:
         after_step(record, worker, monitor, checkpointer, evaluation)

@@ -68,12 +68,14 @@ def run_training(config: TrainConfig) -> int:
     health.start()
     line: Line | None = None
     code = 0
+    cut_short = False  # the line ended by an exception, a clean "the drafters ended the run" too
     try:
         setup = agree_on_setup(config, env.rank, store, health)
         spec, note = resolve_run(config, model, role, env, device, setup)
         line = Line(spec, health, store, group, signals, resume_note=note)
         line.run()
     except BaseException as exc:  # noqa: BLE001 - every failure ends here, named
+        cut_short = True
         context = line.failure_context() if line is not None else FailureContext(
             health, role, env.world_size, store, Path(config.out), NullLogger(), writes_report=role.is_logging)
         code = fail(exc, context)
@@ -94,8 +96,10 @@ def run_training(config: TrainConfig) -> int:
     if env.world_size > 1:
         sys.stdout.flush()
         sys.stderr.flush()
-        if code != 0:
-            os._exit(code)  # peers may be dead: tearing down the process group could hang
+        if code != 0 or cut_short:
+            # Peers may be dead, or this rank's sender thread still inside a send to drafters that ended the
+            # run early (a time limit, a stop): tearing down the process group could hang or abort.
+            os._exit(code)
         dist.destroy_process_group()
     return code
 
