@@ -101,22 +101,27 @@ class ServingCheck:
             )
 
 
-def check_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig) -> list[str]:
+def check_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig,
+                      target_config: PretrainedConfig | None = None) -> list[str]:
     """Raise DraftlineError naming every problem an engine would trip on; return the warnings.
 
-    ``target`` is the target's model directory (its tokenizer is checked too) or its config.
+    ``target`` is the target's model directory (its tokenizer is checked too) or its config;
+    ``target_config``: the directory's config already read (it is not read again).
     """
-    check = inspect_drafter_dir(path, target)
+    check = inspect_drafter_dir(path, target, target_config)
     check.raise_if_refused()
     return check.warnings
 
 
-def inspect_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig) -> ServingCheck:
+def inspect_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig,
+                        target_config: PretrainedConfig | None = None) -> ServingCheck:
     path = Path(path)
     check = ServingCheck(path)
     data = read_drafter_config_json(path)
     target_dir = None if isinstance(target, PretrainedConfig) else Path(target)
-    if target_dir is not None:
+    if target_config is not None:
+        target = target_config
+    elif target_dir is not None:
         from draftline.model.target import load_target_config
 
         target = load_target_config(target_dir)

@@ -2,7 +2,8 @@
 
 It reads top to bottom: config, roles, setup, build and run, finish.
 
-1. config: validated; this rank's device; the two models resolved once (``spec.ModelSpec``);
+1. config: validated by the caller (``commands.train``); this rank's device; the two models resolved
+   once (``spec.ModelSpec``);
 2. roles: the process group and the job's store, which rank is target, drafter or both (a pure
    function of the world size, ``roles``), health (heartbeats and the watchdog, ``health``), the
    drafters' groups (``shard``);
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from draftline.checkpoint.state import wait_for_checkpoint
-from draftline.config import TrainConfig, validate
+from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
 from draftline.monitor.loggers import NullLogger
 from draftline.pipeline import rundir
@@ -42,9 +43,9 @@ from draftline.pipeline.spec import (
 
 
 def run_training(config: TrainConfig) -> int:
-    """Run this process's part of the training line; returns the exit code."""
+    """Run this process's part of the training line; returns the exit code. ``config``: validated
+    (``config.validate``, which the command line runs before it launches anything)."""
     # ---- config
-    validate(config)
     env = DistEnv.from_environ()
     device = pick_device(config, env.local_rank)
     model = ModelSpec.resolve(config)

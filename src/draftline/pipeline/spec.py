@@ -116,7 +116,7 @@ class ModelSpec:
             check_matches_target(drafter_config, target_config)
             _refuse_shape_flags(config, drafter_config)
             # A released drafter that an engine would load differently is refused now, not at export.
-            for warning in check_drafter_dir(m.init_drafter, m.target):
+            for warning in check_drafter_dir(m.init_drafter, m.target, target_config):
                 print(f"draftline: warning: --init-drafter {m.init_drafter}: {warning}", flush=True)
             return cls.from_configs(target_config, drafter_config, target=m.target, distill=distill,
                                     init=INIT_DRAFTER, init_source=m.init_drafter)
