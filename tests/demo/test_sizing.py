@@ -60,7 +60,9 @@ def test_after_the_data_the_probe_taken_again_and_the_time_left_decide_the_steps
     assert abs(steps_after_data(size, 1.0, left) - size.max_steps) <= 1
     slow = steps_after_data(size, 1.3, left)
     assert slow < 0.7 * size.max_steps and 1.3 * (TAIL + TRAIN_PER_STEP * slow) <= left  # ends in time
-    assert steps_after_data(size, 0.5, left) == size.max_steps  # faster now: never more than planned
+    faster = steps_after_data(size, 0.5, left)  # faster now (or the data came early): the time left is used
+    assert size.max_steps < faster <= size.most_steps and 0.5 * (TAIL + TRAIN_PER_STEP * faster) <= left
+    assert steps_after_data(size, 0.01, left) == size.most_steps  # never more than every epoch
     assert steps_after_data(size, 1.0, 1.0) == FEWEST_STEPS  # no time at all: the fewest
 
 

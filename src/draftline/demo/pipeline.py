@@ -68,6 +68,13 @@ class DemoConfig:
     eval_prompts: int = 24
     """Held-out prompts for the final acceptance measurement."""
     eval_max_new_tokens: int = 64
+    final_in_training: bool = False
+    """The training's own final measurement on ``eval_prompts`` as well (what `draftline eval` measures
+    next: the quick demo compares the two); False: the training ends on a small one (4 prompts x 32
+    tokens), which leaves the time of one measurement to the training."""
+    evaluations: int = 5
+    """Small measurements of tau during the sized demo's training (each ~1-4 s of the drafter's time on
+    two cores, 4-10 steps' worth)."""
     gpus: int = 3
     """Processes of the line: 2 targets + 1 drafter (on 2 cores as fast as any layout measured, docs/PERF_NOTES.md)."""
     seed: int = 0
@@ -75,7 +82,8 @@ class DemoConfig:
     @classmethod
     def quick(cls, out: Path) -> "DemoConfig":
         """The shortened demo CI runs: same code path, less data and fewer steps."""
-        return cls(out=out, conversations=640, epochs=4, minutes=None, eval_prompts=24, eval_max_new_tokens=48)
+        return cls(out=out, conversations=640, epochs=4, minutes=None, eval_prompts=24, eval_max_new_tokens=48,
+                   final_in_training=True)
 
 
 def _conversations(cfg: DemoConfig) -> list[dict]:
@@ -140,9 +148,11 @@ def train_args(cfg: DemoConfig, data: Path, run_dir: Path, max_steps: int | None
                max_minutes: float | None = None) -> list[str]:
     """``draftline train`` arguments of the demo's run (``max_steps``: the steps that fit here;
     ``max_minutes``: the time the training's steps may take, whatever the machine does meanwhile)."""
-    steps = ["--max-steps", str(max_steps)] if max_steps else []
+    steps = ["--max-steps", str(max_steps), "--eval-every", str(max(1, max_steps // cfg.evaluations))] if max_steps else []
     if max_minutes:
         steps += ["--max-minutes", f"{max_minutes:.2f}"]
+    final = (["--eval-final-num-prompts", str(cfg.eval_prompts), "--eval-final-max-new-tokens", str(cfg.eval_max_new_tokens)]
+             if cfg.final_in_training else ["--eval-final-num-prompts", "4", "--eval-final-max-new-tokens", "32"])
     return [
         "train", "--target", str(TARGET), "--data", str(data), "--out", str(run_dir), "--from-scratch",
         "--gpus", str(cfg.gpus), "--targets", str(cfg.gpus - 1), "--device", "cpu",
@@ -150,10 +160,8 @@ def train_args(cfg: DemoConfig, data: Path, run_dir: Path, max_steps: int | None
         "--target-layer-ids", cfg.target_layer_ids, "--loss-gamma", str(cfg.loss_gamma),
         "--max-anchors", str(cfg.max_anchors), "--token-budget", str(cfg.token_budget), "--epochs", str(cfg.epochs),
         "--lr", str(cfg.lr), "--warmup-ratio", "0.05", "--log-every", "10", "--save-every", "200",
-        # During the run 4 prompts x 32 tokens (~1 s each); at the end eval's own prompts and length, so
-        # the monitor's final tau is what `draftline eval` measures (4 x 32 read 0.89x of it: README).
-        "--eval-prompts", str(HELDOUT_PROMPTS), "--eval-num-prompts", "4", "--eval-max-new-tokens", "32",
-        "--eval-final-num-prompts", str(cfg.eval_prompts), "--eval-final-max-new-tokens", str(cfg.eval_max_new_tokens),
+        # During the run 4 prompts x 32 tokens (~1 s each; they read 0.89x of eval's 24 x 64: README).
+        "--eval-prompts", str(HELDOUT_PROMPTS), "--eval-num-prompts", "4", "--eval-max-new-tokens", "32", *final,
         "--seed", str(cfg.seed), *steps,
     ]
 
@@ -235,7 +243,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     print(f"\ndraftline demo finished in {minutes:.1f} min{since}{planned}")
     print(f"  acceptance on held-out prompts: tau = {tau:.2f} tokens per target step with the drafter "
           f"(block size {cfg.block_size}); without a drafter tau = 1")
-    if monitor_tau is not None:
+    if monitor_tau is not None and cfg.final_in_training:
         print(f"  the training monitor's final tau on the same prompts: {monitor_tau:.2f}")
     print(f"  drafter (loads in DFlash, SGLang, vLLM): {run_dir / 'final'}")
     print(f"  metrics: {run_dir / 'metrics.jsonl'}   TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")

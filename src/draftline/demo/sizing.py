@@ -46,6 +46,8 @@ class DemoSize:
     max_steps: int
     minutes: float
     """The whole demo's predicted wall time."""
+    most_steps: int = 0
+    """The steps of every epoch of these conversations (the most the demo trains, however fast the machine)."""
 
 
 def measure_speed(target_dir: Path, tokens: int = 1024, seconds: float = 2.0) -> float:
@@ -96,7 +98,7 @@ def size_demo(probe_s: float, minutes: float, conversations: int, epochs: int, f
     fewest = min(most, math.ceil(STEPS_PER_CONVERSATION * conversations * fewest_epochs))
     fit = int((budget - REGENERATE_PER_CONVERSATION * conversations) // TRAIN_PER_STEP)
     chosen = max(fewest, min(most, fit))
-    return DemoSize(probe_s, conversations, chosen, predicted_minutes(probe_s, conversations, chosen))
+    return DemoSize(probe_s, conversations, chosen, predicted_minutes(probe_s, conversations, chosen), most)
 
 
 FEWEST_STEPS = 100
@@ -113,7 +115,8 @@ def training_limit_s(probe_s: float, seconds_left: float, steps: int) -> float:
 def steps_after_data(size: DemoSize, probe_s: float, seconds_left: float) -> int:
     """The training's steps once the data is made, from the probe taken again just then (``probe_s``:
     the machine's speed now; its load can change within minutes): the time left decides (the promise is
-    the minutes), at most the planned steps, at least ``FEWEST_STEPS``. The regeneration's own time is no
-    measure of the training: decoding slowed against the probe on a machine whose training did not."""
-    fit = steps_that_fit(probe_s, seconds_left)
-    return max(min(FEWEST_STEPS, size.max_steps), min(size.max_steps, fit))
+    the minutes), at most every epoch's steps, at least ``FEWEST_STEPS``. Where the data came faster
+    than planned the training gets that time too. The regeneration's own time is no measure of the
+    training: decoding slowed against the probe on a machine whose training did not."""
+    most = max(size.most_steps, size.max_steps)
+    return max(min(FEWEST_STEPS, most), min(most, steps_that_fit(probe_s, seconds_left)))
