@@ -25,7 +25,7 @@ from pathlib import Path
 
 from draftline.cores import usable_cores
 from draftline.demo.sizing import (
-    TAIL, TRAIN_PER_STEP, DemoSize, measure_speed, size_demo, steps_after_data, training_limit_s,
+    TRAIN_PER_STEP, DemoSize, measure_speed, size_demo, steps_after_data, tail_seconds, training_limit_s,
 )
 
 ASSETS = Path(__file__).parent / "assets"
@@ -217,7 +217,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         left = deadline - time.time()
         max_steps = steps_after_data(size, probe_now, left)
         max_minutes = training_limit_s(probe_now, left, max_steps) / 60
-        stages.planned_end = time.time() + probe_now * (TAIL + TRAIN_PER_STEP * max_steps)
+        stages.planned_end = time.time() + tail_seconds(probe_now) + probe_now * TRAIN_PER_STEP * max_steps
     stages.header("train", f"{cfg.gpus - 1} target ranks + 1 drafter rank on CPU (torchrun, gloo)"
                   + (f", {max_steps} steps in at most {max_minutes:.1f} min (what fits in the time here: "
                      f"{probe_now * 1000:.0f} ms per pass now)" if max_steps else ""))

@@ -30,10 +30,13 @@ on the EPYC; 0.42-0.52 on the Xeon, where the probe varied more)."""
 HEAD = 25.0
 """What comes before the training and does not grow with the conversations: this probe, cutting the
 conversations, the target's load for regeneration, ``draftline prepare``."""
-TAIL = 130.0
-"""What comes after the data and does not grow with the steps: the line's start, its ~10 small
-measurements and the final one, the final checkpoint, ``draftline eval`` and ``draftline report``
-(116 and 135 on the EPYC, 136 on the Xeon)."""
+TAIL = 45.0
+TAIL_S = 45.0
+"""What comes after the data and does not grow with the steps, ``TAIL_S`` seconds plus ``TAIL`` probe
+seconds (``tail_seconds``): the line's start (three processes import torch), its 5 small measurements
+and the last one, the final checkpoint, ``draftline eval`` and ``draftline report``. Its start and the
+eval's decoding are Python more than matrix work and do not slow with the probe: 94 s on an EPYC whose
+probe took 1.8 s, about 60 s on the Xeon (0.54 s) and 85-105 on the EPYC at 0.98 s."""
 STEPS_PER_CONVERSATION = 0.209
 """Optimizer steps of one epoch per conversation (1,280 regenerated conversations pack into 268
 batches of 1,024 tokens)."""
@@ -74,13 +77,19 @@ def measure_speed(target_dir: Path, tokens: int = 1024, seconds: float = 2.0) ->
         torch.set_num_threads(threads)
 
 
+def tail_seconds(probe_s: float) -> float:
+    """Seconds of the demo after its last training step, on a machine whose probe took ``probe_s``."""
+    return TAIL_S + TAIL * probe_s
+
+
 def predicted_minutes(probe_s: float, conversations: int, steps: int) -> float:
-    return probe_s * (HEAD + REGENERATE_PER_CONVERSATION * conversations + TAIL + TRAIN_PER_STEP * steps) / 60
+    work = HEAD + REGENERATE_PER_CONVERSATION * conversations + TRAIN_PER_STEP * steps
+    return (probe_s * work + tail_seconds(probe_s)) / 60
 
 
 def steps_that_fit(probe_s: float, seconds_left: float) -> int:
     """Training steps that fit in ``seconds_left``, what is left once the data is made."""
-    return max(0, math.floor((seconds_left / probe_s - TAIL) / TRAIN_PER_STEP))
+    return max(0, math.floor((seconds_left - tail_seconds(probe_s)) / probe_s / TRAIN_PER_STEP))
 
 
 def size_demo(probe_s: float, minutes: float, conversations: int, epochs: int, fewest_epochs: float = 2.0, *,
@@ -90,7 +99,7 @@ def size_demo(probe_s: float, minutes: float, conversations: int, epochs: int, f
     get ``fewest_epochs`` in the time, fewer conversations (a multiple of 32, at least 160; not with
     ``keep_conversations``): at equal steps two epochs of more data beat four of less (docs/PERF_NOTES.md).
     A machine too slow even for that runs longer than ``minutes``, and the prediction says so."""
-    budget = minutes * 60 / probe_s - HEAD - TAIL
+    budget = (minutes * 60 - tail_seconds(probe_s)) / probe_s - HEAD
     if not keep_conversations:
         per_conversation = REGENERATE_PER_CONVERSATION + TRAIN_PER_STEP * STEPS_PER_CONVERSATION * fewest_epochs
         conversations = min(conversations, max(160, int(budget / per_conversation) // 32 * 32))
@@ -109,7 +118,7 @@ def training_limit_s(probe_s: float, seconds_left: float, steps: int) -> float:
     """The training's time limit (``--max-minutes``, counted from its first step): the time left less the
     tail, so that a machine slower than its probe still ends in time (its last steps are cut), and never
     less than ``steps`` (at most ``FEWEST_STEPS`` of them) take at the probe's speed."""
-    return max(seconds_left - probe_s * TAIL, probe_s * TRAIN_PER_STEP * min(steps, FEWEST_STEPS))
+    return max(seconds_left - tail_seconds(probe_s), probe_s * TRAIN_PER_STEP * min(steps, FEWEST_STEPS))
 
 
 def steps_after_data(size: DemoSize, probe_s: float, seconds_left: float) -> int:
