@@ -98,7 +98,7 @@ def main() -> None:
 
     os.environ["OMP_NUM_THREADS"] = str(max(args.threads, 4))
     start = time.time()
-    data = make_data(cfg, out, Stages())
+    data, _ = make_data(cfg, out, Stages())
     data_min = (time.time() - start) / 60
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONUNBUFFERED": "1",
            "TOKENIZERS_PARALLELISM": "false"}

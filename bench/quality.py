@@ -113,7 +113,7 @@ def build_corpus(name: str, out: Path, conversations: int, seed: int = 0, prompt
     elif name != "demo":
         raise SystemExit(f"unknown corpus {name!r}: demo or sitepkgs")
     start = time.time()
-    data = pipeline.make_data(cfg, out, pipeline.Stages())
+    data, _ = pipeline.make_data(cfg, out, pipeline.Stages())
     meta = {"corpus": name, "target": str(pipeline.TARGET), "data": str(data), "prompts": str(prompts_file),
             "conversations": conversations, "data_s": time.time() - start}
     (out / "corpus.json").write_text(json.dumps(meta, indent=2) + "\n")

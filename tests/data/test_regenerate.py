@@ -81,6 +81,31 @@ def test_resume_after_a_kill_has_no_duplicates_and_nothing_missing(tmp_path, con
     assert (stats["already_done"], stats["regenerated"], stats["failed"]) == (11, 0, 2)
 
 
+class SlowGenerator(EchoGenerator):
+    """Each batch of replies takes ``seconds``."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def complete(self, conversations):
+        import time
+
+        time.sleep(self.seconds)
+        return super().complete(conversations)
+
+
+def test_a_time_limit_stops_between_groups_and_the_same_call_continues(tmp_path, conversation, write_jsonl):
+    source = write_jsonl(tmp_path / "in.jsonl", [conversation(i, turns=1) for i in range(12)])
+    out = tmp_path / "out.jsonl"
+    stats = regenerate(source, out, SlowGenerator(0.3), group_size=2, progress=False, max_seconds=0.75)
+    assert stats["time_up"] and stats["regenerated"] == 6  # groups started at 0, 0.3, 0.6 s; none at 0.9
+    assert [line["source_index"] for line in _lines(out)] == list(range(6))
+    stats = regenerate(source, out, SlowGenerator(0.0), group_size=2, progress=False, max_seconds=60)
+    assert not stats["time_up"] and (stats["already_done"], stats["regenerated"]) == (6, 6)
+    assert sorted(line["source_index"] for line in _lines(out)) == list(range(12))
+
+
 def test_local_generation_with_the_target(chat_target, tmp_path, conversation, write_jsonl):
     source = write_jsonl(tmp_path / "in.jsonl", [conversation(i, turns=1 + i % 2) for i in range(3)])
     threads = torch.get_num_threads()

@@ -9,7 +9,7 @@ import pytest
 from draftline.demo.pipeline import TARGET
 from draftline.demo.sizing import (
     FEWEST_STEPS, HEAD, REGENERATE_PER_CONVERSATION, STEPS_PER_CONVERSATION, TRAIN_PER_STEP, measure_speed,
-    predicted_minutes, size_demo, steps_after_data, steps_that_fit, tail_seconds, training_limit_s,
+    predicted_minutes, size_demo, steps_after_data, steps_that_fit, tail_seconds, training_limit_s, with_conversations,
 )
 
 
@@ -81,3 +81,15 @@ def test_the_training_time_limit_keeps_the_tail_back_and_allows_the_fewest_steps
     assert limit == pytest.approx(left - tail_seconds(probe))
     assert probe * TRAIN_PER_STEP * steps <= limit  # the planned steps fit in the limit at the probe's speed
     assert training_limit_s(probe, 10.0, FEWEST_STEPS) == pytest.approx(probe * TRAIN_PER_STEP * FEWEST_STEPS)
+
+
+def test_fewer_conversations_regenerated_than_planned_lower_the_most_steps_not_the_time():
+    probe = 0.5
+    size = size_demo(probe, 7.0, 1280, epochs=10)
+    fewer = with_conversations(size, 320, epochs=10)
+    assert fewer.conversations == 320 and fewer.most_steps == math.ceil(STEPS_PER_CONVERSATION * 320 * 10)
+    left = 300.0
+    steps = steps_after_data(fewer, probe, left)
+    assert steps == min(fewer.most_steps, steps_that_fit(probe, left))  # the time left decides, within the epochs
+    few = with_conversations(size, 32, epochs=10)  # so few that every epoch is fewer than the floor of steps
+    assert few.most_steps < FEWEST_STEPS and steps_after_data(few, 0.5, 1.0) == few.most_steps

@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "(nothing is redone or duplicated); failures go to OUT.failed.jsonl with the reason")
     io.add_argument("--limit", type=int, default=None, metavar="N",
                     help="regenerate only the first N records of --input (a trial; default: all)")
+    io.add_argument("--max-minutes", type=float, default=None, metavar="MINUTES",
+                    help="start no new group of records after this many minutes (a job with a time slot); what "
+                         "is written is kept and the same command continues it (default: no limit)")
     where = parser.add_argument_group("where the target runs")
     where.add_argument("--target", type=Path, default=None, metavar="DIR",
                        help="the target model directory, to generate locally (GPU if there is one); required "
@@ -57,6 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     thinking = _THINKING.get(args.thinking)
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        raise DraftlineError(f"--max-minutes must be > 0, got {args.max_minutes}")
     if args.endpoint:
         from draftline.data.generate import EndpointGenerator
 
@@ -77,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         group_size = args.batch_size
         print(f"regenerating with {args.target} on {generator.device} (batch {args.batch_size})")
     try:
-        stats = regenerate(args.input, args.out, generator, group_size=group_size, limit=args.limit)
+        stats = regenerate(args.input, args.out, generator, group_size=group_size, limit=args.limit,
+                           max_seconds=None if args.max_minutes is None else args.max_minutes * 60)
     except KeyboardInterrupt:
         print(f"\ninterrupted; finished records are in {args.out}: rerun the same command to continue")
         return 130
@@ -85,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         generator.close()
     print(f"wrote {args.out}: {stats['regenerated']:,} regenerated now, {stats['already_done']:,} from before, "
           f"{stats['failed']:,} failed ({stats['seconds']:.0f} s)")
+    if stats["time_up"]:
+        print(f"  stopped after {args.max_minutes:g} minutes (--max-minutes): rerun the same command to continue")
     if stats["cut_by_max_new_tokens"]:
         print(f"  {stats['cut_by_max_new_tokens']:,} replies hit --max-new-tokens {args.max_new_tokens} (kept, without their end)")
     if stats["failed"]:

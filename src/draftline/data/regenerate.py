@@ -126,8 +126,11 @@ def _groups(records: Iterator[SourceRecord], done: set[int], limit: int | None, 
 
 
 def regenerate(input_path: str | Path, out: str | Path, generator: Generator, *, group_size: int = 8,
-               limit: int | None = None, progress: bool = True) -> dict:
-    """Regenerate ``input_path`` into ``out`` (resuming what is there); returns the run's statistics."""
+               limit: int | None = None, progress: bool = True, max_seconds: float | None = None) -> dict:
+    """Regenerate ``input_path`` into ``out`` (resuming what is there); returns the run's statistics.
+
+    ``max_seconds``: no group starts after that many seconds (``stats["time_up"]``); what is written is
+    kept, and the same call later continues it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     out = Path(out)
@@ -139,7 +142,7 @@ def regenerate(input_path: str | Path, out: str | Path, generator: Generator, *,
     total = readers.count_records(input_path)
     if total is not None and limit is not None:
         total = min(total, limit)
-    stats = {"already_done": len(done), "regenerated": 0, "failed": 0, "cut_by_max_new_tokens": 0}
+    stats = {"already_done": len(done), "regenerated": 0, "failed": 0, "cut_by_max_new_tokens": 0, "time_up": False}
     reasons: Counter[str] = Counter()
     started = time.perf_counter()
     columns = (TextColumn("[bold]regenerate"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
@@ -148,6 +151,9 @@ def regenerate(input_path: str | Path, out: str | Path, generator: Generator, *,
             Progress(*columns, disable=not progress) as bar:
         task = bar.add_task("regenerate", total=total, completed=min(len(done), total or len(done)))
         for group in _groups(readers.read_source(input_path), done, limit, group_size):
+            if max_seconds is not None and time.perf_counter() - started >= max_seconds:
+                stats["time_up"] = True
+                break
             pendings = [_start(record) for record in group]
             _regenerate_group(pendings, generator)
             for pending in pendings:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from draftline.cores import usable_cores
 from draftline.demo.sizing import (
-    TRAIN_PER_STEP, DemoSize, measure_speed, size_demo, steps_after_data, tail_seconds, training_limit_s,
+    TRAIN_PER_STEP, DemoSize, measure_speed, regeneration_minutes, size_demo, steps_after_data, tail_seconds,
+    training_limit_s, with_conversations,
 )
 
 ASSETS = Path(__file__).parent / "assets"
@@ -173,8 +174,9 @@ def eval_args(cfg: DemoConfig, run_dir: Path, eval_json: Path) -> list[str]:
             "--block-size", str(cfg.block_size), "--json", str(eval_json)]
 
 
-def make_data(cfg: DemoConfig, out: Path, stages: Stages) -> Path:
-    """Stages 1-3: conversations, the target's own replies, the packed dataset; returns its directory."""
+def make_data(cfg: DemoConfig, out: Path, stages: Stages, regenerate_minutes: float | None = None) -> tuple[Path, int]:
+    """Stages 1-3: conversations, the target's own replies (in at most ``regenerate_minutes``), the packed
+    dataset; returns its directory and the number of conversations regenerated."""
     stages.header("conversations", "code-continuation chats from this machine's standard library")
     convs_path = out / "conversations.jsonl"
     convs = _conversations(cfg)
@@ -186,16 +188,18 @@ def make_data(cfg: DemoConfig, out: Path, stages: Stages) -> Path:
 
     stages.header("regenerate", "the target answers the prompts itself (the drafter learns to predict the target)")
     regenerated = out / "regenerated.jsonl"
+    limit = ["--max-minutes", f"{regenerate_minutes:.2f}"] if regenerate_minutes else []
     stages.command(["regenerate", "--target", str(TARGET), "--input", str(convs_path), "--out", str(regenerated),
-                    "--max-new-tokens", str(cfg.max_new_tokens), "--batch-size", "32"])
+                    "--max-new-tokens", str(cfg.max_new_tokens), "--batch-size", "32", *limit])
     stages.finish("regenerate")
+    made = sum(1 for _ in open(regenerated, encoding="utf-8"))
 
     stages.header("prepare", "chat template, assistant-only loss masks, a packed dataset")
     data = out / "data"
     stages.command(["prepare", "--target", str(TARGET), "--input", str(regenerated), "--out", str(data),
                     "--max-length", str(cfg.token_budget), "--overwrite"])
     stages.finish("prepare")
-    return data
+    return data, made
 
 
 def run_demo(cfg: DemoConfig) -> dict:
@@ -208,11 +212,14 @@ def run_demo(cfg: DemoConfig) -> dict:
     size = _size_for_this_machine(cfg, deadline)
     if size is not None:
         stages.planned_end = time.time() + size.minutes * 60
-    data = make_data(cfg, out, stages)
+    data, made = make_data(cfg, out, stages, None if size is None else regeneration_minutes(size))
 
     max_steps = None
     probe_now = max_minutes = None
-    if size is not None:  # sized again: the machine's speed now, the time left now
+    if size is not None:  # sized again: the conversations made, the machine's speed now, the time left now
+        if made < size.conversations:
+            print(f"  {made} of {size.conversations} conversations regenerated in the time planned for them", flush=True)
+        size = with_conversations(size, made, cfg.epochs)
         probe_now = measure_speed(TARGET)
         left = deadline - time.time()
         max_steps = steps_after_data(size, probe_now, left)
@@ -251,7 +258,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     print(f"  evaluation, per prompt: {eval_json}")
     result = {"tau": tau, "monitor_tau": monitor_tau, "minutes": minutes, "run_dir": str(run_dir),
               "eval": str(eval_json), "stage_seconds": {k: round(v, 1) for k, v in stages.took.items()},
-              "conversations": cfg.conversations, "max_steps": max_steps, **_trained(run_dir)}
+              "conversations": made, "max_steps": max_steps, **_trained(run_dir)}
     if size is not None:
         result["probe_s"] = {"start": round(size.probe_s, 4), "before_training": round(probe_now, 4)}
     (out / "demo.json").write_text(json.dumps(result, indent=2) + "\n")

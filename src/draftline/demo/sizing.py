@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # Seconds of each stage per second of the probe, measured on the project's 2-core AMD EPYC (probe
@@ -108,6 +108,19 @@ def size_demo(probe_s: float, minutes: float, conversations: int, epochs: int, f
     fit = int((budget - REGENERATE_PER_CONVERSATION * conversations) // TRAIN_PER_STEP)
     chosen = max(fewest, min(most, fit))
     return DemoSize(probe_s, conversations, chosen, predicted_minutes(probe_s, conversations, chosen), most)
+
+
+def regeneration_minutes(size: DemoSize) -> float:
+    """The regeneration's time in the plan: ``draftline regenerate --max-minutes`` (decoding's speed
+    against the probe differs by machine, 0.10-0.25 probe seconds per conversation: a slower one
+    regenerates fewer conversations and leaves the training its time)."""
+    return size.probe_s * REGENERATE_PER_CONVERSATION * size.conversations / 60
+
+
+def with_conversations(size: DemoSize, conversations: int, epochs: int) -> DemoSize:
+    """The plan for the conversations the regeneration made."""
+    most = math.ceil(STEPS_PER_CONVERSATION * conversations * epochs)
+    return replace(size, conversations=conversations, max_steps=min(size.max_steps, most), most_steps=most)
 
 
 FEWEST_STEPS = 100
