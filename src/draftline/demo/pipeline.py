@@ -44,9 +44,11 @@ class DemoConfig:
     """Code lines in each user turn (short prompts keep regeneration fast on a CPU)."""
     max_new_tokens: int = 64
     """Length of each regenerated reply."""
-    epochs: int = 10
+    epochs: int = 15
     """The most passes over the data (what sets tau here, with the data: docs/PERF_NOTES.md); fewer when
-    the steps that fit in ``minutes`` end the run first."""
+    the steps that fit in ``minutes`` end the run first. Fifteen: a machine that regenerates fewer
+    conversations than planned (decoding slow against its training) trains them longer; 24 epochs of 320
+    conversations still gained, 60 lost."""
     minutes: float | None = 7.5
     """The whole demo's time on this machine, counted from ``since`` (its speed measured at the start):
     the conversations and steps are sized to fit. None: every epoch, however long."""
