@@ -27,6 +27,7 @@ sequence, so their union is the uninterrupted run whatever T is.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator
@@ -186,6 +187,12 @@ class BatchSchedule:
         """Needs every epoch's batch count: the first call builds (and forgets) each epoch once."""
         self._starts_through(self.num_epochs - 1)
         return self._epoch_starts[self.num_epochs]
+
+    def steps(self, batches_per_step: int, max_steps: int | None = None) -> int:
+        """Optimizer steps of ``batches_per_step`` batches: every batch once (the last step may be short),
+        or ``max_steps``."""
+        steps = math.ceil(self.total_batches / batches_per_step)
+        return min(steps, max_steps) if max_steps else steps
 
     def epoch_start(self, epoch: int) -> int:
         self._starts_through(epoch)

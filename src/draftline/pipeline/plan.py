@@ -114,9 +114,9 @@ def target_mfu(target_shape: TargetShape) -> tuple[float, str]:
 def estimate_rates(target_shape: TargetShape, drafter_shape: DrafterShape, lengths: np.ndarray, max_anchors: int,
                    peak_flops: float, target_mfu_: float | None = None, drafter_mfu: float | None = None) -> RoleRates:
     """Rates per GPU from the FLOP model at the measured MFUs of ``peak_flops`` (the GPU's spec peak)."""
-    t, d = per_sample_flops(target_shape, drafter_shape, lengths, max_anchors)
     tm = target_mfu_ if target_mfu_ is not None else target_mfu(target_shape)[0]
     dm = drafter_mfu if drafter_mfu is not None else MEASURED_MFU["drafter"][0]
+    t, d = per_sample_flops(target_shape, drafter_shape, lengths, max_anchors)
     return RoleRates(tm * peak_flops / t, dm * peak_flops / d,
                      f"FLOP model at {tm:.1%} (target) / {dm:.1%} (drafter) of the spec peak, measured on one H200")
 
@@ -361,12 +361,12 @@ def passes_per_sample(lengths: np.ndarray, max_anchors: int, block_size: int, ma
     return anchors_per_sample(lengths, max_anchors) * block_size / max_query_rows
 
 
-def target_share(model, config, device=None) -> float:
+def target_share(model, config) -> float:
     """The target's share of the time per sample on one GPU (the rates ``plan`` uses), for ``train``'s default
-    split of ``--gpus N`` without ``--targets``/``--drafters``."""
-    hardware = hardware_for(device)
+    split of ``--gpus N`` without ``--targets``/``--drafters``. Both rates scale with the GPU's peak, so
+    the share does not depend on the GPU."""
     rates = estimate_rates(model.target_shape, model.drafter_shape, reference_lengths(), config.data.max_anchors,
-                           hardware.peak_flops)
+                           peak_flops=1.0)
     t, d = 1.0 / rates.target_samples_s, 1.0 / rates.drafter_samples_s
     return t / (t + d)
 

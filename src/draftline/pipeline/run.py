@@ -56,7 +56,7 @@ def run_training(config: TrainConfig) -> int:
         store = join_job("nccl" if device.type == "cuda" else "gloo", device, rundir.restart_count(),
                          timeout=timedelta(minutes=30))
     t = config.topology
-    share = None if t.colocated or t.targets is not None or t.drafters is not None else target_share(model, config, device)
+    share = None if t.colocated or t.targets is not None or t.drafters is not None else target_share(model, config)
     num_targets, num_drafters = split(env.world_size, t.targets, t.drafters, share, colocated=t.colocated)
     role = assign_roles(env.world_size, num_targets, num_drafters, colocated=t.colocated)[env.rank]
     health = Health(local_rank_info(env.rank, role.kind, device), store, env.world_size, timeout_s=t.failure_timeout_s)
@@ -111,6 +111,7 @@ def resolve_run(config: TrainConfig, model: ModelSpec, role: Role, env: DistEnv,
     if config.engine.max_query_rows < model.block_size:
         raise DraftlineError(f"engine.max_query_rows={config.engine.max_query_rows} must hold at least one block "
                              f"({model.block_size} rows)")
+    dtype = compute_dtype(config, device)
     fresh = default_batches_per_step(config, role.num_drafters)
     per_step, note = fresh, None
     if setup.checkpoint:
@@ -118,6 +119,6 @@ def resolve_run(config: TrainConfig, model: ModelSpec, role: Role, env: DistEnv,
                                                   config.data.balance_steps, role.num_drafters,
                                                   setup.checkpoint_drafters)
     data = plan_data(config, Path(setup.data_dir), per_step)
-    spec = RunSpec(config, model, role, device, compute_dtype(config, device), env, setup.mode, setup.checkpoint,
+    spec = RunSpec(config, model, role, device, dtype, env, setup.mode, setup.checkpoint,
                    setup.start_step, per_step, data.total_steps, data)
     return spec, note

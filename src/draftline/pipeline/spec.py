@@ -171,12 +171,6 @@ class DataPlan:
         return self.dataset.packed_batch(self.schedule.sample_indices(seq), epoch, seq)
 
 
-def steps_for(total_batches: int, batches_per_step: int, max_steps: int | None) -> int:
-    """Optimizer steps of a run: every batch once (the last step may be short), or ``max_steps``."""
-    steps = math.ceil(total_batches / batches_per_step)
-    return min(steps, max_steps) if max_steps else steps
-
-
 def plan_data(config: TrainConfig, data_dir: Path, batches_per_step: int) -> DataPlan:
     """The batch plan of ``data_dir`` with ``batches_per_step`` batches per optimizer step."""
     dataset = TokenDataset(data_dir)
@@ -196,7 +190,7 @@ def plan_data(config: TrainConfig, data_dir: Path, batches_per_step: int) -> Dat
         anchor_positions=dataset.anchor_positions() if balanced else None,
     )
     schedule = BatchSchedule(batcher, config.data.epochs)
-    total = steps_for(schedule.total_batches, batches_per_step, config.optim.max_steps)
+    total = schedule.steps(batches_per_step, config.optim.max_steps)
     return DataPlan(dataset, schedule, batches_per_step, total, min(schedule.total_batches, total * batches_per_step))
 
 
