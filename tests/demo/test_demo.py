@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # two slow cores take 10+ minutes
 
 
 def test_quick_demo_end_to_end(tmp_path):

@@ -194,7 +194,8 @@ def make_data(cfg: DemoConfig, out: Path, stages: Stages, regenerate_minutes: fl
     stages.command(["regenerate", "--target", str(TARGET), "--input", str(convs_path), "--out", str(regenerated),
                     "--max-new-tokens", str(cfg.max_new_tokens), "--batch-size", "32", *limit])
     stages.finish("regenerate")
-    made = sum(1 for _ in open(regenerated, encoding="utf-8"))
+    with open(regenerated, encoding="utf-8") as f:
+        made = sum(1 for _ in f)
 
     stages.header("prepare", "chat template, assistant-only loss masks, a packed dataset")
     data = out / "data"

@@ -22,8 +22,9 @@ from pathlib import Path
 # 0.98 s) and on two cores of an Intel Xeon (probe 0.47-0.57 s; docs/PERF_NOTES.md, "The demo sized to
 # the machine").
 REGENERATE_PER_CONVERSATION = 0.13
-"""``draftline regenerate`` (64 new tokens per reply, batches of 32), per conversation (0.116, 0.124 and
-0.152 in three runs: their mean)."""
+"""``draftline regenerate`` (64 new tokens per reply, batches of 32), per conversation (0.10-0.15 on the
+EPYC; 0.19-0.25 on the Xeon, whose decoding is slow against its probe: the regeneration gets the time
+this plans, ``regeneration_minutes``, and makes fewer conversations there)."""
 TRAIN_PER_STEP = 0.45
 """``draftline train``'s line (2 targets + 1 drafter), per optimizer step of one 1,024-token batch (0.43
 on the EPYC; 0.42-0.52 on the Xeon, where the probe varied more)."""
