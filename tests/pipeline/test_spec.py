@@ -67,3 +67,12 @@ def test_a_released_drafter_an_engine_would_load_wrongly_is_refused_before_train
     (released / "config.json").write_text(json.dumps(config))
     with pytest.raises(DraftlineError, match="target_layer_ids"):
         ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released)))
+
+
+def test_a_drafter_for_another_target_is_refused_naming_the_field(qwen3_target, released):
+    config = json.loads((released / "config.json").read_text())
+    config["hidden_size"] = 2 * config["hidden_size"]
+    (released / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DraftlineError, match="hidden_size") as info:
+        ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released)))
+    assert "train a drafter for this target" in str(info.value)

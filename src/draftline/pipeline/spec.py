@@ -26,7 +26,7 @@ from draftline.config import TrainConfig
 from draftline.data.batcher import BatchSchedule, TokenBudgetBatcher
 from draftline.data.dataset import TokenDataset
 from draftline.errors import DraftlineError
-from draftline.model.config import DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, build_drafter_config, check_matches_target, text_config
+from draftline.model.config import DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, build_drafter_config, text_config
 from draftline.monitor.shapes import DrafterShape, TargetShape
 from draftline.pipeline.roles import COLOCATED, Role
 
@@ -112,12 +112,12 @@ class ModelSpec:
         if m.init_drafter:
             from draftline.checkpoint.serving import check_drafter_dir
 
-            drafter_config = load_drafter_config(m.init_drafter)
-            check_matches_target(drafter_config, target_config)
-            _refuse_shape_flags(config, drafter_config)
-            # A released drafter that an engine would load differently is refused now, not at export.
+            # A drafter for another target, or one an engine would load differently, is refused now (each
+            # field named with its fix), not at export.
             for warning in check_drafter_dir(m.init_drafter, m.target, target_config):
                 print(f"draftline: warning: --init-drafter {m.init_drafter}: {warning}", flush=True)
+            drafter_config = load_drafter_config(m.init_drafter)
+            _refuse_shape_flags(config, drafter_config)
             return cls.from_configs(target_config, drafter_config, target=m.target, distill=distill,
                                     init=INIT_DRAFTER, init_source=m.init_drafter)
         drafter_config = build_drafter_config(
