@@ -50,7 +50,7 @@ class DemoSize:
     max_steps: int
     minutes: float
     """The whole demo's predicted wall time."""
-    most_steps: int = 0
+    most_steps: int
     """The steps of every epoch of these conversations (the most the demo trains, however fast the machine)."""
 
 
@@ -83,6 +83,11 @@ def tail_seconds(probe_s: float) -> float:
     return TAIL_S + TAIL * probe_s
 
 
+def every_epoch_steps(conversations: int, epochs: float) -> int:
+    """Optimizer steps of ``epochs`` passes over ``conversations`` (the most the demo trains)."""
+    return math.ceil(STEPS_PER_CONVERSATION * conversations * epochs)
+
+
 def predicted_minutes(probe_s: float, conversations: int, steps: int) -> float:
     work = HEAD + REGENERATE_PER_CONVERSATION * conversations + TRAIN_PER_STEP * steps
     return (probe_s * work + tail_seconds(probe_s)) / 60
@@ -104,8 +109,8 @@ def size_demo(probe_s: float, minutes: float, conversations: int, epochs: int, f
     if not keep_conversations:
         per_conversation = REGENERATE_PER_CONVERSATION + TRAIN_PER_STEP * STEPS_PER_CONVERSATION * fewest_epochs
         conversations = min(conversations, max(160, int(budget / per_conversation) // 32 * 32))
-    most = math.ceil(STEPS_PER_CONVERSATION * conversations * epochs)
-    fewest = min(most, math.ceil(STEPS_PER_CONVERSATION * conversations * fewest_epochs))
+    most = every_epoch_steps(conversations, epochs)
+    fewest = min(most, every_epoch_steps(conversations, fewest_epochs))
     fit = int((budget - REGENERATE_PER_CONVERSATION * conversations) // TRAIN_PER_STEP)
     chosen = max(fewest, min(most, fit))
     return DemoSize(probe_s, conversations, chosen, predicted_minutes(probe_s, conversations, chosen), most)
@@ -120,7 +125,7 @@ def regeneration_minutes(size: DemoSize) -> float:
 
 def with_conversations(size: DemoSize, conversations: int, epochs: int) -> DemoSize:
     """The plan for the conversations the regeneration made."""
-    most = math.ceil(STEPS_PER_CONVERSATION * conversations * epochs)
+    most = every_epoch_steps(conversations, epochs)
     return replace(size, conversations=conversations, max_steps=min(size.max_steps, most), most_steps=most)
 
 
@@ -141,5 +146,5 @@ def steps_after_data(size: DemoSize, probe_s: float, seconds_left: float) -> int
     the minutes), at most every epoch's steps, at least ``FEWEST_STEPS``. Where the data came faster
     than planned the training gets that time too. The regeneration's own time is no measure of the
     training: decoding slowed against the probe on a machine whose training did not."""
-    most = max(size.most_steps, size.max_steps)
+    most = size.most_steps
     return max(min(FEWEST_STEPS, most), min(most, steps_that_fit(probe_s, seconds_left)))
