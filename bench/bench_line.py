@@ -49,9 +49,11 @@ from workloads import (  # noqa: F401  (other scripts imported these from here)
 from draftline.pipeline.transport import Delivery
 
 def bench_target(args, device, dtype, peak, rows):
+    from draftline.model import linear_attention
     from draftline.model.target import default_attention
 
-    model = random_target(args.shape, device, dtype, default_attention(device, target_config(args.shape)))
+    hybrid = linear_attention.is_hybrid(target_config(args.shape))
+    model = random_target(args.shape, device, dtype, default_attention(device, hybrid))
     layers = model.config.num_hidden_layers
     drafter_cfg = build_drafter_config(model.config, num_hidden_layers=5, block_size=16)
     ids = drafter_cfg.dflash_config["target_layer_ids"]

@@ -76,3 +76,30 @@ def test_a_drafter_for_another_target_is_refused_naming_the_field(qwen3_target, 
     with pytest.raises(DraftlineError, match="hidden_size") as info:
         ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released)))
     assert "train a drafter for this target" in str(info.value)
+
+
+def test_the_builders_take_the_targets_config_from_the_spec_and_read_it_no_more(qwen3_target, monkeypatch):
+    import draftline.model.target as target_module
+    import draftline.model.warm_start as warm_start
+    from draftline.data.batch import PackedBatch
+    from draftline.model.target import TargetFeatures
+    from draftline.pipeline.build import build_target, target_embedding_and_head
+
+    config = _config(qwen3_target, draft_layers=2, block_size=4)
+    model = ModelSpec.resolve(config)
+    spec = RunSpec.standalone(config, model, torch.device("cpu"), dtype=torch.float32)
+    reference = TargetFeatures(qwen3_target, list(model.layer_ids), dtype=torch.float32)
+
+    def refuse(*_):
+        raise AssertionError("the target's config was read again after ModelSpec.resolve")
+
+    for module in (target_module, warm_start):
+        monkeypatch.setattr(module, "load_target_config", refuse)
+    target = build_target(spec)
+    drafter = build_drafter(spec)  # a start from the target's top layers
+    embed, head = target_embedding_and_head(spec, None)
+    batch = PackedBatch.from_documents([(list(range(5, 17)), [True] * 12), (list(range(20, 29)), [True] * 9)])
+    torch.testing.assert_close(target(batch), reference(batch))
+    assert target.layers_run == max(model.layer_ids) + 1 and len(drafter.layers) == 2
+    assert torch.equal(embed, reference.embed_weight())
+    assert model.target_file_config.num_hidden_layers == 8  # the spec's copy is not truncated by the builder

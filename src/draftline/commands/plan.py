@@ -90,7 +90,8 @@ def _measured(args, model: ModelSpec, lengths, device):
     config.data.max_anchors = args.max_anchors
     config.engine.max_query_rows = args.max_query_rows
     spec = RunSpec.standalone(config, model, device)
-    target = TargetFeatures(args.target, list(model.layer_ids), device=device, dtype=spec.dtype)
+    target = TargetFeatures(args.target, list(model.layer_ids), device=device, dtype=spec.dtype,
+                            config=model.target_file_config)
     worker = build_drafter_worker(spec, Health(local_rank_info(0, "plan", device)), target=target)
     return measure_rates(target, worker, lengths, args.token_budget, device)
 

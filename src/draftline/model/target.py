@@ -62,14 +62,13 @@ def _quiet_transformers():
         logger.setLevel(level)
 
 
-def _truncated_config(config: PretrainedConfig, num_layers: int) -> PretrainedConfig:
-    text = text_config(config)
+def _truncate_layers(text: PretrainedConfig, num_layers: int) -> None:
+    """``text`` (a text config, changed in place) describes its first ``num_layers`` layers only."""
     text.num_hidden_layers = num_layers
     for name in ("layer_types", "mlp_only_layers"):
         value = getattr(text, name, None)
         if isinstance(value, list) and len(value) > num_layers:
             setattr(text, name, value[:num_layers])
-    return config
 
 
 class _StopForward(Exception):
@@ -79,11 +78,12 @@ class _StopForward(Exception):
 _FLEX = ("flex_attention", linear_attention.PACKED_FLEX)
 
 
-def default_attention(device: torch.device, config: PretrainedConfig | None = None) -> str:
-    """flex attention (packed documents, block-sparse) on GPU; SDPA (one padded row per document) on CPU."""
+def default_attention(device: torch.device, hybrid: bool = False) -> str:
+    """flex attention (packed documents, block-sparse) on GPU; SDPA (one padded row per document) on CPU.
+    ``hybrid``: the target has Gated DeltaNet layers."""
     if device.type != "cuda":
         return "sdpa"
-    if config is not None and linear_attention.is_hybrid(text_config(config)):
+    if hybrid:
         return linear_attention.register_packed_flex()  # the hybrid classes refuse "flex_attention" by name
     return "flex_attention"
 
@@ -106,11 +106,13 @@ class TargetFeatures:
         keep_all_layers: bool = False,
         final_hidden: bool = False,
         packed: bool | None = None,
+        config: PretrainedConfig | None = None,
     ):
-        """``packed``: one packed row per batch (default: with flex attention, i.e. on GPU)."""
+        """``packed``: one packed row per batch (default: with flex attention, i.e. on GPU); ``config``: the
+        target's config already read (``ModelSpec.target_file_config``; copied, not changed), else read here."""
         device = torch.device(device)
         self.layer_ids = list(layer_ids)
-        config = load_target_config(target_dir)
+        config = copy.deepcopy(config) if config is not None else load_target_config(target_dir)
         text = text_config(config)
         hybrid = linear_attention.is_hybrid(text)
         if device.type == "cpu" and hybrid and importlib.util.find_spec("fla"):
@@ -124,8 +126,8 @@ class TargetFeatures:
             raise DraftlineError(f"target_layer_ids {self.layer_ids} outside the target's {num_layers} layers")
         self._set_layers(num_layers, final_hidden)
         if not keep_all_layers:
-            config = _truncated_config(config, self.layers_run)
-        attn = attn_implementation or default_attention(device, config)
+            _truncate_layers(text, self.layers_run)
+        attn = attn_implementation or default_attention(device, hybrid)
         if attn == linear_attention.PACKED_FLEX:
             linear_attention.register_packed_flex()
         if device.type == "cuda" and hybrid and (attn in _FLEX if packed is None else packed):
@@ -134,7 +136,7 @@ class TargetFeatures:
             model = AutoModelForCausalLM.from_pretrained(
                 target_dir, config=config, dtype=dtype, attn_implementation=attn
             )
-        self._wrap(model.to(device), attn, packed)
+        self._wrap(model.to(device), attn, packed, hybrid)
 
     @classmethod
     def from_model(cls, model, layer_ids: list[int], *, keep_all_layers: bool = False,
@@ -142,12 +144,13 @@ class TargetFeatures:
         """Wrap an in-memory causal LM (benchmarks, tests); drops the unused layers unless told not to."""
         self = cls.__new__(cls)
         self.layer_ids = list(layer_ids)
-        self._set_layers(int(text_config(model.config).num_hidden_layers), final_hidden)
+        text = text_config(model.config)
+        self._set_layers(int(text.num_hidden_layers), final_hidden)
         if not keep_all_layers:
             decoder = model.get_decoder()
             decoder.layers = decoder.layers[: self.layers_run]
-            _truncated_config(model.config, self.layers_run)
-        self._wrap(model, model.config._attn_implementation, packed)
+            _truncate_layers(text, self.layers_run)
+        self._wrap(model, model.config._attn_implementation, packed, linear_attention.is_hybrid(text))
         return self
 
     def _set_layers(self, num_layers: int, final_hidden: bool) -> None:
@@ -156,7 +159,7 @@ class TargetFeatures:
         self._outputs = self.layer_ids + ([num_layers - 1] if final_hidden else [])
         self.layers_run = max(self._outputs) + 1
 
-    def _wrap(self, model, attn: str, packed: bool | None) -> None:
+    def _wrap(self, model, attn: str, packed: bool | None, hybrid: bool) -> None:
         model.requires_grad_(False).eval()
         self.model = model
         self.attn = attn
@@ -168,7 +171,7 @@ class TargetFeatures:
         self._deepest = max(self._outputs)
         for layer_id in set(self._outputs):
             self.decoder.layers[layer_id].register_forward_hook(self._hook(layer_id))
-        self.hybrid = linear_attention.is_hybrid(text_config(model.config))
+        self.hybrid = hybrid
         self._kernels = None
         if self.hybrid and self.packed:
             for layer in self.decoder.layers:
@@ -311,11 +314,13 @@ def _safetensors_index(target_dir: Path) -> dict[str, Path]:
 
 
 def load_embedding_and_head(
-    target_dir: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+    target_dir: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+    config: PretrainedConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's input embedding [V, H] and LM head [V, H], read without loading the model."""
+    """The target's input embedding [V, H] and LM head [V, H], read without loading the model; ``config``: the
+    target's config already read (else read here)."""
     target_dir = Path(target_dir)
-    config = load_target_config(target_dir)
+    config = config if config is not None else load_target_config(target_dir)
     with torch.device("meta"), _quiet_transformers():
         skeleton = AutoModelForCausalLM.from_config(config)
     embed_name = _param_name(skeleton, skeleton.get_input_embeddings())

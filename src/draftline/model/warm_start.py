@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from draftline.errors import DraftlineError
 from draftline.model.drafter import DFlashDrafter
@@ -52,10 +52,11 @@ def _module_name(root: torch.nn.Module, module: torch.nn.Module) -> str:
 
 
 @torch.no_grad()
-def init_from_target(drafter: DFlashDrafter, target_dir: str | Path) -> list[str]:
-    """Copy the target's top layers and final norm into ``drafter``; returns what was copied."""
+def init_from_target(drafter: DFlashDrafter, target_dir: str | Path, config: PretrainedConfig | None = None) -> list[str]:
+    """Copy the target's top layers and final norm into ``drafter``; returns what was copied. ``config``: the
+    target's config already read (else read here)."""
     target_dir = Path(target_dir)
-    config = load_target_config(target_dir)
+    config = config if config is not None else load_target_config(target_dir)
     with torch.device("meta"), _quiet_transformers():
         skeleton = AutoModelForCausalLM.from_config(config)
     decoder = skeleton.get_decoder()

@@ -29,7 +29,8 @@ def build_target(spec: RunSpec) -> TargetFeatures:
     """The frozen target that computes the drafter's features on this rank (compiled on CUDA)."""
     keep_all = spec.colocated and spec.role.is_logging  # the same copy decodes for evaluation
     target = TargetFeatures(spec.model.target, list(spec.model.layer_ids), device=spec.device, dtype=spec.dtype,
-                            keep_all_layers=keep_all, final_hidden=spec.model.distill)
+                            keep_all_layers=keep_all, final_hidden=spec.model.distill,
+                            config=spec.model.target_file_config)
     if spec.config.engine.compile and spec.device.type == "cuda":
         from draftline.model.fused import compile_target
 
@@ -68,7 +69,7 @@ def build_drafter(spec: RunSpec) -> DFlashDrafter:
     if model.init == INIT_TARGET:
         from draftline.model.warm_start import init_from_target
 
-        init_from_target(drafter, model.target)
+        init_from_target(drafter, model.target, model.target_file_config)
     return drafter.to(device=spec.device)
 
 
@@ -88,7 +89,8 @@ def target_embedding_and_head(spec: RunSpec, target: TargetFeatures | None) -> t
         return target.embed_weight(), target.head_weight()
     if not spec.model.target:
         raise DraftlineError("a drafter built from a config alone needs the embedding and head passed in")
-    return load_embedding_and_head(spec.model.target, device=spec.device, dtype=spec.dtype)
+    return load_embedding_and_head(spec.model.target, device=spec.device, dtype=spec.dtype,
+                                   config=spec.model.target_file_config)
 
 
 def build_drafter_worker(spec: RunSpec, health: Health, *, group: DrafterGroup | None = None,

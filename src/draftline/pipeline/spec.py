@@ -52,6 +52,9 @@ class ModelSpec:
     """How the drafter starts: from the target's layers, random, or from a released drafter."""
     init_source: str | None = None
     """The released drafter's directory (``init == "drafter"``)."""
+    target_file_config: PretrainedConfig | None = None
+    """The target's config as its directory holds it (a vision-language checkpoint's whole config): what
+    loading its weights starts from (the target's builders copy it before they change it)."""
 
     @property
     def layer_ids(self) -> tuple[int, ...]:
@@ -98,7 +101,7 @@ class ModelSpec:
         if distill:
             drafter_shape = dataclasses.replace(drafter_shape, teacher_layers=target_shape.num_layers)
         text = text_config(target_config) if target_config is not None else None
-        return cls(target, text, drafter_config, target_shape, drafter_shape, distill, init, init_source)
+        return cls(target, text, drafter_config, target_shape, drafter_shape, distill, init, init_source, target_config)
 
     @classmethod
     def resolve(cls, config: TrainConfig) -> "ModelSpec":
