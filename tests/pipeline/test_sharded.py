@@ -36,9 +36,12 @@ def _weights(checkpoint):
 
 
 def _weights_close(a, b) -> None:
+    # Adam divides by the gradient's running RMS: where a gradient is near zero, the sums' other order moves a
+    # weight by a small fraction of the learning rate (1.5e-5 of the tensor's largest weight was seen on one CPU,
+    # 0.0005 lr); a lost or doubled shard moves weights by about lr per step (3e-3, 3e-2 of the largest).
     for name, value in a.items():
         scale = float(value.abs().max()) or 1.0
-        assert float((value - b[name]).abs().max()) / scale < 1e-5, name
+        assert float((value - b[name]).abs().max()) / scale < 1e-4, name
 
 
 @pytest.fixture(scope="module")
