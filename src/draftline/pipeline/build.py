@@ -120,5 +120,6 @@ def build_drafter_worker(spec: RunSpec, health: Health, *, group: DrafterGroup |
         objective=objective, optimizer=optimizer, scheduler=scheduler, group=group, health=health,
         device=spec.device, compute_dtype=spec.dtype, start_step=spec.start_step, total_steps=spec.total_steps,
         max_query_rows=c.engine.max_query_rows, grad_clip=c.optim.grad_clip, max_bad_steps=c.optim.max_bad_steps,
+        shape=spec.model.drafter_shape,
         activation_checkpointing=c.engine.activation_checkpointing, on_batch=on_batch,
     )

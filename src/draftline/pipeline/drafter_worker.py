@@ -110,9 +110,11 @@ class DrafterWorker:
         max_query_rows: int,
         grad_clip: float,
         max_bad_steps: int,
+        shape: DrafterShape,
         activation_checkpointing: bool = False,
         on_batch=None,
     ):
+        """``shape``: the drafter's, as the run resolved it (``ModelSpec.drafter_shape``), for its FLOP count."""
         self.objective = objective
         self.drafter = objective.drafter
         self.optimizer = optimizer
@@ -129,7 +131,7 @@ class DrafterWorker:
         self.max_bad_steps = max_bad_steps
         self.activation_checkpointing = activation_checkpointing
         self.on_batch = on_batch
-        self.shape = DrafterShape.from_config(self.drafter.config)
+        self.shape = shape
         self.counters = DrafterCounters(step=start_step)
         self.in_optimizer_step = False
         self.params = [p for p in self.drafter.parameters() if p.requires_grad]
