@@ -52,6 +52,11 @@ def released(qwen3_target, tmp_path):
 def test_a_warm_start_takes_the_drafters_shape_and_refuses_flags_that_contradict_it(qwen3_target, released):
     spec = ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released)))
     assert spec.init == INIT_DRAFTER and spec.block_size == 4 and spec.drafter_config.num_hidden_layers == 2
+    from safetensors.torch import load_file
+
+    started = build_drafter(RunSpec.standalone(_config(qwen3_target), spec, torch.device("cpu"))).state_dict()
+    saved = load_file(released / "model.safetensors")
+    assert saved and all(torch.equal(started[name], value.float()) for name, value in saved.items())
     assert ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released), block_size=4)).block_size == 4
     with pytest.raises(DraftlineError) as info:
         ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released), draft_layers=5, block_size=8))

@@ -123,11 +123,13 @@ def load_drafter_config(path: str | Path) -> Qwen3Config:
 
 
 def load_drafter(
-    path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+    config: Qwen3Config | None = None,
 ) -> DFlashDrafter:
-    """Build a drafter from ``path`` and load its weights; every tensor must match by name and shape."""
+    """Build a drafter from ``path`` and load its weights; every tensor must match by name and shape.
+    ``config``: the directory's config already read (``load_drafter_config``), else read here."""
     path = Path(path)
-    config = load_drafter_config(path)
+    config = config if config is not None else load_drafter_config(path)
     with torch.device("meta"):
         drafter = DFlashDrafter(config)
     expected = {name: tuple(t.shape) for name, t in drafter.state_dict().items()}

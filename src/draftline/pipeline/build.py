@@ -63,7 +63,7 @@ def build_drafter(spec: RunSpec) -> DFlashDrafter:
     if model.init == INIT_DRAFTER:
         from draftline.checkpoint.export import load_drafter
 
-        return load_drafter(model.init_source, device=spec.device, dtype=torch.float32)
+        return load_drafter(model.init_source, device=spec.device, dtype=torch.float32, config=model.drafter_config)
     torch.manual_seed(spec.config.data.seed)
     drafter = DFlashDrafter(model.drafter_config).float()
     if model.init == INIT_TARGET:
