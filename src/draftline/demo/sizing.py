@@ -23,11 +23,11 @@ from pathlib import Path
 # the machine").
 REGENERATE_PER_CONVERSATION = 0.13
 """``draftline regenerate`` (64 new tokens per reply, batches of 32), per conversation (0.10-0.15 on the
-EPYC; 0.19-0.25 on the Xeon, whose decoding is slow against its probe: the regeneration gets the time
-this plans, ``regeneration_minutes``, and makes fewer conversations there)."""
+EPYC; 0.13-0.25 on the Xeons, most of whose cores decode slowly against their probe: the regeneration gets
+the time this plans, ``regeneration_minutes``, and makes fewer conversations there)."""
 TRAIN_PER_STEP = 0.45
 """``draftline train``'s line (2 targets + 1 drafter), per optimizer step of one 1,024-token batch (0.43
-on the EPYC; 0.42-0.52 on the Xeon, where the probe varied more)."""
+on the EPYC; 0.42-0.53 on the Xeons, where the probe varied more: the training's time limit cuts the rest)."""
 HEAD = 25.0
 """What comes before the training and does not grow with the conversations: this probe, cutting the
 conversations, the target's load for regeneration, ``draftline prepare``."""
