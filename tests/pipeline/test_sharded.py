@@ -1,5 +1,6 @@
-"""Sharded drafters (FSDP2 over CPU ranks, gloo): several drafters give the losses and weights of one
-process, and a run stopped on two drafters and resumed on one ends where the run that never stopped ends.
+"""Several drafters (CPU ranks, gloo), their state sharded (FSDP2) or replicated: they give the losses and
+weights of one process, replicated drafters stay equal, and a run stopped on two drafters and resumed on
+one, or on drafters holding their state the other way, ends where the run that never stopped ends.
 
 The reference is a single process with the same batches per optimizer step (``--grad-accum``): the step is the
 same sum over the same batches whatever the number of drafters, so the losses agree to fp32 rounding (the
@@ -58,7 +59,7 @@ def one_process(qwen3_target, line_data, tmp_path_factory):
 def test_sharded_drafters_give_the_losses_and_weights_of_one_process(one_process, qwen3_target, line_data, tmp_path,
                                                                       layout):
     out = tmp_path / "run"
-    done = run([*_args(qwen3_target, line_data, out), *layout])
+    done = run([*_args(qwen3_target, line_data, out), *layout, "--drafter-state", "shard"])
     assert done.returncode == 0, done.stderr[-3000:]
     assert "sharded over the" in done.stdout
     _close(step_losses(one_process), step_losses(out))
@@ -67,10 +68,35 @@ def test_sharded_drafters_give_the_losses_and_weights_of_one_process(one_process
     assert len(shards) == (2 if "--targets" in layout else 3)  # each drafter wrote its own
 
 
-def test_stopped_on_two_drafters_resumed_on_one_ends_like_the_run_that_never_stopped(one_process, qwen3_target,
-                                                                                      line_data, tmp_path):
+def test_replicated_drafters_give_the_losses_and_weights_of_one_process_and_stay_equal(one_process, qwen3_target,
+                                                                                        line_data, tmp_path):
+    """On CPU several drafters replicate by default: each holds the whole drafter, the gradients are summed
+    once per step. A drafter whose gradients were not summed, or summed twice, would leave one process's
+    losses within a step or two."""
     out = tmp_path / "run"
-    two = [*_args(qwen3_target, line_data, out, grad_accum=3, save_every=1000), "--gpus", "2", "--colocated"]
+    done = run([*_args(qwen3_target, line_data, out), "--gpus", "3", "--colocated", "--grad-accum", "2"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "replicated on the 3 drafters" in done.stdout
+    _close(step_losses(one_process), step_losses(out))
+    _weights_close(_weights(latest_checkpoint(one_process)), _weights(latest_checkpoint(out)))
+    # Each drafter's trace: the sum of its weights as each of its batches began, equal on every drafter at
+    # every step (to the bit: every drafter takes the same update on the same summed gradient).
+    traces = [read_jsonl(p) for p in sorted((out / "trace").glob("drafter-*.jsonl"))]
+    assert len(traces) == 3
+    sums = [{r["step"]: r["weights"] for r in t} for t in traces]
+    assert len(sums[0]) >= 4 and all(s == sums[0] for s in sums[1:])
+    assert len(set(sums[0].values())) == len(sums[0])  # the weights did change from step to step
+
+
+@pytest.mark.parametrize("states", [("replicate", None), ("shard", "replicate")])
+def test_stopped_on_two_drafters_resumed_elsewhere_ends_like_the_run_that_never_stopped(one_process, qwen3_target,
+                                                                                        line_data, tmp_path, states):
+    """Stopped on two drafters, replicated or sharded; resumed on one drafter, or on two holding their state the
+    other way: the checkpoint's state loads whatever the drafters and their state."""
+    stopped_state, resumed_state = states
+    out = tmp_path / "run"
+    two = [*_args(qwen3_target, line_data, out, grad_accum=3, save_every=1000), "--gpus", "2", "--colocated",
+           "--drafter-state", stopped_state]
     proc = start(two)
     wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 2, 180, "2 steps", proc)
     ranks = [json.loads(p.read_text()) for p in sorted((out / "ranks").glob("rank-*.json"))]
@@ -81,8 +107,14 @@ def test_stopped_on_two_drafters_resumed_on_one_ends_like_the_run_that_never_sto
     reference = step_losses(one_process)
     assert 2 <= stopped_at < len(reference)
 
-    resumed = run([*_args(qwen3_target, line_data, out, grad_accum=3, save_every=1000), "--resume"])  # one drafter
+    again = [*_args(qwen3_target, line_data, out, grad_accum=3, save_every=1000), "--resume"]  # one drafter
+    if resumed_state is not None:
+        again += ["--gpus", "2", "--colocated", "--drafter-state", resumed_state]
+    resumed = run(again)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "written by 2 drafter(s), resumed on 1: a step keeps its 6 batch(es), 6 per drafter" in resumed.stdout
+    if resumed_state is None:
+        assert "written by 2 drafter(s), resumed on 1: a step keeps its 6 batch(es), 6 per drafter" in resumed.stdout
+    else:
+        assert "replicated on the 2 drafters" in resumed.stdout
     _close(reference, step_losses(out))
     _weights_close(_weights(latest_checkpoint(one_process)), _weights(latest_checkpoint(out)))

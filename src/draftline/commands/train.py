@@ -58,6 +58,7 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--targets": ("topology", "targets"),
     "--drafters": ("topology", "drafters"),
     "--colocated": ("topology", "colocated"),
+    "--drafter-state": ("topology", "drafter_state"),
     "--q-pre": ("topology", "q_pre"),
     "--q-hs": ("topology", "q_hs"),
     "--device": ("topology", "device"),
@@ -101,7 +102,7 @@ _SWITCH_DOCS = {
 # What a flag's value is, in its usage line: the unit where there is one, else the kind of value.
 _METAVARS = {
     "--target": "DIR", "--init-drafter": "DIR", "--eval-prompts": "FILE", "--wandb-project": "NAME",
-    "--dtype": "{auto,bfloat16,float32}", "--device": "{auto,cuda,cpu}", "--attention": "{auto,flex,flash,dense}",
+    "--dtype": "{auto,bfloat16,float32}", "--device": "{auto,cuda,cpu}", "--drafter-state": "{auto,shard,replicate}", "--attention": "{auto,flex,flash,dense}",
     "--layer-types": "TYPE,TYPE,...", "--target-layer-ids": "ID,ID,...", "--betas": "BETA1,BETA2",
     "--token-budget": "TOKENS", "--global-batch-tokens": "TOKENS", "--max-length": "TOKENS",
     "--sliding-window": "TOKENS", "--mask-token-id": "TOKEN_ID", "--eval-max-new-tokens": "TOKENS",

@@ -4,7 +4,7 @@ Step ``k`` is the batches numbered ``k*G .. (k+1)*G - 1`` (G = batches per step)
 the drafters (``roles.drafter_share``). A drafter trains its share (``accumulate``: each batch in one
 or more passes of at most ``max_query_rows`` block rows, which the objective plans and builds; each
 pass is one forward, all blocks in one attention pass, and one backward); then ``queue_update`` sums
-the metrics over the drafters, divides the gradients by the step's total label weight, clips and
+the metrics (replicated drafters: the gradients too) over the drafters, divides the gradients by the step's total label weight, clips and
 steps AdamW. So the result of a step does not depend on how its batches were spread over drafters
 or split into passes. Sharded (several drafters), every drafter runs as many passes as the busiest
 one: ``shard.DrafterGroup``.
@@ -151,7 +151,7 @@ class DrafterWorker:
         dense = self.objective.dense_attention(self.device)
         plans = [(d, list(self.objective.passes(d.batch, self.max_anchors_per_pass, dense=dense))) for d in deliveries]
         own = sum(len(passes) for _, passes in plans)
-        total = self.group.agree_max(own)
+        total = self.group.agree_max(own) if self.group.sharded else own
         for delivery, passes in plans:
             with self.health.compute_pass():
                 self._train_on(delivery, passes)
@@ -248,6 +248,7 @@ class DrafterWorker:
             extra[STOP].fill_(1.0 if stop else 0.0)  # fill_: no host-to-device copy (a sync)
             extra[SAVE].fill_(1.0 if save else 0.0)
             extra[TIME_UP].fill_(1.0 if time_up else 0.0)
+            self.group.reduce_gradients(self.params)  # replicated drafters: the step's gradient summed
             if self.group.sharded:
                 extra[GRAD_SQ].copy_(grad_sq_norm(self.params))
             vector = self.group.all_reduce(self._vector.clone())

@@ -66,7 +66,7 @@ class InTrainingEvaluation:
             out_of_memory = exc
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        if self.group.sharded:  # every drafter learns whether the first one ran out
+        if self.group.several:  # every drafter learns whether the first one ran out
             stopped = self.group.agree_max(int(out_of_memory is not None))
         else:
             stopped = int(out_of_memory is not None)
@@ -82,7 +82,7 @@ class InTrainingEvaluation:
     def final(self, drafter, step: int) -> dict | None:
         """The end of the run's measurement, on the prompts and length ``draftline eval`` uses."""
         summary = self._measure(drafter, step, final=True)
-        if self.group.sharded:
+        if self.group.several:
             self.group.barrier()
         return summary
 

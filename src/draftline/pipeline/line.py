@@ -31,7 +31,7 @@ from draftline.pipeline.evaluation import InTrainingEvaluation
 from draftline.pipeline.failure import FailureContext
 from draftline.pipeline.health import Health
 from draftline.pipeline.monitor_loop import DrafterPublisher, LineMonitor, write_trace
-from draftline.pipeline.shard import DrafterGroup
+from draftline.pipeline.shard import DrafterGroup, local_tensor
 from draftline.pipeline.signals import StopSignals
 from draftline.pipeline.spec import RunSpec
 from draftline.pipeline.target_worker import TargetWorker, run_target_thread
@@ -155,7 +155,7 @@ class Line:
                 raise RuntimeError("the failure came inside the optimizer step: the weights are half-updated")
             return self.checkpointer.save()
 
-        saves = worker is not None and self.checkpointer is not None and role.is_logging and not self.group.sharded
+        saves = worker is not None and self.checkpointer is not None and role.is_logging and not self.group.several
         return FailureContext(self.health, role, self.spec.env.world_size, self.store, self.spec.run_dir,
                               self.logger, step=lambda: worker.step if worker is not None else None,
                               save=save_last_step if saves else None, writes_report=role.is_logging,
@@ -173,7 +173,7 @@ class Line:
 
     def _build_drafter(self, target: TargetFeatures | None) -> None:
         spec, c = self.spec, self.spec.config
-        if self.group.sharded:
+        if self.group.several:
             self.health.exit_if_stuck(15.0)
         self.worker = worker = build_drafter_worker(spec, self.health, group=self.group, target=target,
                                                     on_batch=self._trace_batch if c.engine.trace else None)
@@ -230,7 +230,10 @@ class Line:
     def _trace_batch(self, worker: DrafterWorker, delivery) -> None:
         write_trace(self.spec.run_dir / "trace", f"drafter-{self.spec.env.rank}.jsonl", {
             "step": delivery.seq // self.spec.batches_per_step, "seq": delivery.seq, "epoch": delivery.batch.epoch,
-            "sample_ids": delivery.batch.sample_ids.tolist()})
+            "sample_ids": delivery.batch.sample_ids.tolist(),
+            # The sum of this rank's weights (its shard, when sharded) as the batch began: replicated drafters'
+            # agree at every step.
+            "weights": float(sum(local_tensor(p).detach().double().sum() for p in worker.params))})
 
     def _time_up(self) -> bool:
         return self.time_limit_at is not None and time.time() >= self.time_limit_at
@@ -255,7 +258,7 @@ class Line:
         role = self.spec.role
         return {"targets": role.num_targets, "drafters": role.num_drafters, "colocated": self.spec.colocated,
                 "world_size": self.spec.env.world_size, "device": str(self.spec.device.type),
-                "sharded": self.group.sharded}
+                "sharded": self.group.sharded, "replicated": self.group.replicated and self.group.several}
 
     def _print_plan(self) -> None:
         spec, c, plan = self.spec, self.spec.config, self.spec.data
@@ -270,8 +273,9 @@ class Line:
             layout = "target and drafter colocated on one device"
         else:
             layout = f"{spec.env.world_size} ranks, each a target and a drafter (colocated)"
-        sharding = (f"; the drafter's state sharded over the {role.num_drafters} drafters (FSDP2)"
-                    if role.num_drafters > 1 else "")
+        sharding = "" if role.num_drafters == 1 else (
+            f"; the drafter replicated on the {role.num_drafters} drafters (gradients all-reduced)"
+            if self.group.replicated else f"; the drafter's state sharded over the {role.num_drafters} drafters (FSDP2)")
         print(f"  topology: {layout} ({spec.device.type}){sharding}")
         m = spec.model
         print(f"  drafter: {m.drafter_config.num_hidden_layers} layers, block {m.block_size}, "

@@ -35,7 +35,7 @@ from draftline.pipeline.line import Line
 from draftline.pipeline.plan import target_share
 from draftline.pipeline.roles import COLOCATED, Role, assign_roles, split
 from draftline.pipeline.setup import RunSetup, agree_on_setup, join_job
-from draftline.pipeline.shard import make_drafter_group
+from draftline.pipeline.shard import make_drafter_group, replicates
 from draftline.pipeline.signals import StopSignals
 from draftline.pipeline.spec import (
     DistEnv, ModelSpec, RunSpec, compute_dtype, default_batches_per_step, pick_device, plan_data,
@@ -62,7 +62,8 @@ def run_training(config: TrainConfig) -> int:
     health = Health(local_rank_info(env.rank, role.kind, device), store, env.world_size, timeout_s=t.failure_timeout_s)
     health.shared_process = role.kind == COLOCATED
     # Every rank creates the drafters' groups (a collective call), before anything can fail.
-    group = make_drafter_group(role.drafter_ranks, role.index, device, health, env.world_size)
+    group = make_drafter_group(role.drafter_ranks, role.index, device, health, env.world_size,
+                               replicate=replicates(t.drafter_state, device))
     signals = StopSignals()
 
     # ---- setup, build and run

@@ -3,7 +3,9 @@
 One drafter: nothing here communicates. The drafter holds its fp32 master weights, gradients and
 AdamW moments (16 bytes per trained weight), and a step costs what it always did.
 
-D > 1 drafters: the drafter is sharded with torch's FSDP2 (``fully_shard``, one unit per decoder
+D > 1 drafters hold it in one of two ways (``topology.drafter_state``).
+
+Sharded (the default on GPU): the drafter is sharded with torch's FSDP2 (``fully_shard``, one unit per decoder
 layer and one for ``fc`` and the norms) over the drafter ranks. Each rank holds 1/D of the fp32
 master weights, of the gradients and of the AdamW moments; the compute weights (bf16 on GPU) are
 gathered layer by layer for the forward and again for the backward, and each pass's gradients are
@@ -16,6 +18,16 @@ gloo: no GPU sync), and the others add empty passes that add nothing to any grad
 metrics vector (loss sums, counts, the stop and save flags, each rank's share of the squared
 gradient norm) is summed in one more all-reduce. Checkpoints use ``torch.distributed.checkpoint``,
 which writes each rank's shards and loads them on any number of drafters (``checkpoint/state.py``).
+
+Replicated (the default on CPU): every drafter holds the whole drafter, its gradients and AdamW
+moments, as one drafter alone does. The first drafter's weights are broadcast at the start; each
+drafter runs its own passes (no empty ones); ``reduce_gradients`` sums the step's gradients over the
+drafters in one all-reduce of one flat buffer, and every drafter takes the same AdamW step on the same
+sum, so their weights stay equal bit for bit (gloo's ring all-reduce hands every rank the same bytes).
+On CPU, FSDP's per-layer gathers over gloo cost more than the step they shard: the demo's colocated
+2-process line trained at 2.23 Ktok/s sharded and 4.30 replicated (docs/PERF_NOTES.md). The checkpoint
+is the same ``torch.distributed.checkpoint`` state, written once (its planner drops the copies), so a
+run resumes on any number of drafters either way.
 
 Who waits here: every drafter waits for the slowest at the first gather of each pass and at the
 step's all-reduce; all of these waits poll ``Health`` (directly, or through the layers' progress
@@ -48,10 +60,18 @@ class DrafterGroup:
     """The drafters' gloo group for ``torch.distributed.checkpoint`` (its writes run in a background thread).
     With one drafter among several ranks, a group of that rank alone; None in a single process."""
     health: Health | None = None
+    replicated: bool = False
+    """Several drafters, each holding the whole drafter (``topology.drafter_state`` 'replicate')."""
+
+    @property
+    def several(self) -> bool:
+        """More than one drafter: the step's metrics, flags and barriers are agreed among them."""
+        return self.num_drafters > 1
 
     @property
     def sharded(self) -> bool:
-        return self.num_drafters > 1
+        """Several drafters sharding the drafter with FSDP2: every pass is collective."""
+        return self.num_drafters > 1 and not self.replicated
 
     @property
     def is_first(self) -> bool:
@@ -59,7 +79,14 @@ class DrafterGroup:
 
     # ------------------------------------------------------------------ sharding
     def shard(self, drafter: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype) -> None:
-        """Shard ``drafter`` in place over the drafters (nothing with one drafter)."""
+        """Shard ``drafter`` in place over the drafters; replicated, give every drafter the first one's weights
+        (nothing with one drafter)."""
+        if self.replicated and self.several:
+            first = dist.get_global_rank(self.device_group, 0)
+            with torch.no_grad():
+                for tensor in drafter.state_dict().values():
+                    wait_work(dist.broadcast(tensor, src=first, group=self.device_group, async_op=True), self.health)
+            return
         if not self.sharded:
             return
         from torch.distributed.device_mesh import DeviceMesh
@@ -79,7 +106,7 @@ class DrafterGroup:
     def agree_max(self, count: int) -> int:
         """The largest ``count`` of any drafter (the most passes of a step, any drafter's flag): a small
         all-reduce on the host (``count`` itself with one drafter)."""
-        if not self.sharded:
+        if not self.several:
             return count
         value = torch.tensor([count], dtype=torch.int64)
         wait_work(dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.host_group, async_op=True), self.health)
@@ -87,14 +114,29 @@ class DrafterGroup:
 
     def all_reduce(self, vector: torch.Tensor) -> torch.Tensor:
         """Sum ``vector`` over the drafters, in place (nothing with one drafter)."""
-        if self.sharded:
+        if self.several:
             wait_work(dist.all_reduce(vector, group=self.device_group, async_op=True), self.health)
         return vector
 
     def barrier(self) -> None:
         """Every drafter reaches this point (while one evaluates, the others wait here, polling health)."""
-        if self.sharded:
+        if self.several:
             self.agree_max(0)
+
+    def reduce_gradients(self, params: list[torch.Tensor]) -> None:
+        """Replicated drafters: sum every gradient over the drafters, in one all-reduce of one flat buffer
+        (sharded, FSDP reduce-scattered them in each pass already; one drafter: nothing to do)."""
+        if not (self.replicated and self.several):
+            return
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        wait_work(dist.all_reduce(flat, group=self.device_group, async_op=True), self.health)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
 
     # ------------------------------------------------------------------ whole weights
     def full_weights(self, drafter: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -103,6 +145,8 @@ class DrafterGroup:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if not self.sharded:
+            if not self.is_first:
+                return {}
             return {name: t.detach().to("cpu", torch.float32, copy=True) for name, t in drafter.state_dict().items()}
         state = get_model_state_dict(drafter, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {name: t.float() for name, t in state.items()} if self.is_first else {}
@@ -114,13 +158,19 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return to_local() if to_local is not None else tensor
 
 
+def replicates(drafter_state: str, device: torch.device) -> bool:
+    """Whether several drafters replicate the drafter (``topology.drafter_state``; 'auto': on CPU)."""
+    return drafter_state == "replicate" or (drafter_state == "auto" and device.type != "cuda")
+
+
 def make_drafter_group(ranks: list[int], index: int, device: torch.device, health: Health | None,
-                       world_size: int) -> DrafterGroup:
-    """The drafters' process groups; every rank of the job must call this (creating a group is collective)."""
+                       world_size: int, *, replicate: bool = False) -> DrafterGroup:
+    """The drafters' process groups; every rank of the job must call this (creating a group is collective).
+    ``replicate``: every drafter holds the whole drafter (``replicates``)."""
     if world_size == 1:
         return DrafterGroup(1, 0, health=health)
     backend = "nccl" if device.type == "cuda" else "gloo"
     device_group = dist.new_group(ranks, backend=backend)
     host_group = dist.new_group(ranks, backend="gloo")
     checkpoint_group = dist.new_group(ranks, backend="gloo")
-    return DrafterGroup(len(ranks), index, device_group, host_group, checkpoint_group, health)
+    return DrafterGroup(len(ranks), index, device_group, host_group, checkpoint_group, health, replicate)
