@@ -273,7 +273,7 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
     if "chunk2048" in opts:
         worker.objective.settings.head_chunk_rows = 2048
     if "ckpt" in opts:
-        from draftline.pipeline.drafter_worker import checkpoint_layers
+        from draftline.model.drafter import checkpoint_layers
 
         checkpoint_layers(worker.drafter)
     n = args.iters + args.warmup

@@ -165,7 +165,8 @@ def test_a_cpu_line_shows_no_gpu_columns_no_tflops_and_no_mfu(busy_status):
 
 
 def test_cpu_ranks_sharing_cores_are_not_told_to_move_ranks(busy_status):
-    """On CPU a waiting rank leaves its core to the others: the advice says so instead of a new split."""
+    """On CPU ranks share the host's cores: the advice is the colocated layout (one process per core), not a
+    new split."""
     for targets, drafters in ((2, 1), (1, 2), (1, 1)):
         for name in ("targets wait (q_hs full)", "drafters wait (q_hs empty)"):
             status = dataclasses.replace(busy_status, num_targets=targets, num_drafters=drafters, colocated=False,
@@ -173,5 +174,6 @@ def test_cpu_ranks_sharing_cores_are_not_told_to_move_ranks(busy_status):
             advice = balance_advice(status)
             assert _split_in(advice) is None and "add " not in advice and "anchors" not in advice, advice
             assert "share this host's 2 CPU cores" in advice and advice.startswith(name.split(" (")[0]), advice
+            assert "--colocated (--gpus 2" in advice, advice
     balanced = dataclasses.replace(busy_status, cpu_cores=2, **_WAITS["balanced"])
     assert balance_advice(balanced).startswith("balanced")

@@ -49,8 +49,21 @@ def released(qwen3_target, tmp_path):
     return save_drafter(DFlashDrafter(config).float(), tmp_path / "released")
 
 
-def test_a_warm_start_takes_the_drafters_shape_and_refuses_flags_that_contradict_it(qwen3_target, released):
+def test_a_warm_start_takes_the_drafters_shape_and_refuses_flags_that_contradict_it(qwen3_target, released,
+                                                                                     monkeypatch):
+    from draftline.checkpoint import export, serving
+
+    reads = []
+
+    def counted(path, _read=export.read_drafter_config_json):
+        reads.append(path)
+        return _read(path)
+
+    for module in (export, serving):  # the check and the config take one read of config.json
+        monkeypatch.setattr(module, "read_drafter_config_json", counted)
     spec = ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released)))
+    assert len(reads) == 1
+    monkeypatch.undo()
     assert spec.init == INIT_DRAFTER and spec.block_size == 4 and spec.drafter_config.num_hidden_layers == 2
     from safetensors.torch import load_file
 

@@ -106,9 +106,13 @@ def read_drafter_config_json(path: str | Path) -> dict:
 
 
 def load_drafter_config(path: str | Path) -> Qwen3Config:
+    """A drafter directory's config: its config.json read, checked and built (``drafter_config_from_json``)."""
     path = Path(path)
-    config_file = path / CONFIG_NAME
-    data = read_drafter_config_json(path)
+    return drafter_config_from_json(read_drafter_config_json(path), path / CONFIG_NAME)
+
+
+def drafter_config_from_json(data: dict, config_file: Path) -> Qwen3Config:
+    """The drafter config a config.json's ``data`` describes (``config_file``: where it was read, for errors)."""
     for name in ("block_size", "dflash_config"):
         if name not in data:
             raise DraftlineError(f"{config_file}: field {name!r} missing; this is not a DFlash drafter config")

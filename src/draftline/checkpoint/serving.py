@@ -27,7 +27,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME, read_drafter_config_json
+from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME, drafter_config_from_json, read_drafter_config_json
 from draftline.errors import DraftlineError
 from draftline.model.config import text_config
 
@@ -86,6 +86,12 @@ class ServingCheck:
     path: Path
     findings: list[Finding] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    data: dict = field(default_factory=dict)
+    """The directory's config.json as read."""
+    config: PretrainedConfig | None = None
+    """The drafter config it describes (None where it builds none)."""
+    config_error: str = ""
+    """Why ``config`` is None."""
 
     def refused(self, kinds: tuple[str, ...] = ("target", "serving")) -> list[Finding]:
         return [f for f in self.findings if f.kind in kinds]
@@ -113,11 +119,20 @@ def check_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig,
     return check.warnings
 
 
+def released_drafter_config(path: str | Path, target_dir: str | Path,
+                            target_text: PretrainedConfig) -> tuple[PretrainedConfig, list[str]]:
+    """A released drafter's config, for a start from it (``--init-drafter``), and the warnings of its check:
+    ``check_drafter_dir``'s refusals raised, its config.json read once for both. ``target_text``: the
+    target's text config (``model.config.text_config``), already read."""
+    check = _inspect(Path(path), Path(target_dir), target_text)
+    check.raise_if_refused()
+    if check.config is None:
+        raise DraftlineError(f"{Path(path) / CONFIG_NAME}: builds no drafter config ({check.config_error})")
+    return check.config, check.warnings
+
+
 def inspect_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig,
                         target_config: PretrainedConfig | None = None) -> ServingCheck:
-    path = Path(path)
-    check = ServingCheck(path)
-    data = read_drafter_config_json(path)
     target_dir = None if isinstance(target, PretrainedConfig) else Path(target)
     if target_config is not None:
         target = target_config
@@ -125,8 +140,15 @@ def inspect_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig,
         from draftline.model.target import load_target_config
 
         target = load_target_config(target_dir)
-    target = text_config(target)
+    return _inspect(Path(path), target_dir, text_config(target))
 
+
+def _inspect(path: Path, target_dir: Path | None, target: PretrainedConfig) -> ServingCheck:
+    """Every check of the drafter in ``path`` against the target's text config ``target`` (and its
+    tokenizer, with ``target_dir``)."""
+    data = read_drafter_config_json(path)
+    check = ServingCheck(path, data=data)
+    check.config, check.config_error = _drafter_config(data, path / CONFIG_NAME)
     _check_format(data, check)
     _check_switches(data, check)
     _check_against_target(data, target, check)
@@ -137,6 +159,14 @@ def inspect_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig,
     if (path / WEIGHTS_NAME).is_file():
         _check_tensors(path, data, check)
     return check
+
+
+def _drafter_config(data: dict, config_file: Path) -> tuple[PretrainedConfig | None, str]:
+    """The drafter config ``data`` describes, or None and why it builds none (the checks name the field)."""
+    try:
+        return drafter_config_from_json(data, config_file), ""
+    except Exception as exc:  # noqa: BLE001 - transformers' own validation errors too
+        return None, str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
 
 
 # ---------------------------------------------------------------------------------------------

@@ -253,3 +253,16 @@ class DFlashDrafter(nn.Module):
         for layer in self.layers:
             x = layer(x, context, rope_block, rope_context, attend, cache)
         return self.norm(x)
+
+
+def checkpoint_layers(drafter: DFlashDrafter) -> None:
+    """Recompute each decoder layer in backward instead of storing its activations."""
+    from torch.utils.checkpoint import checkpoint
+
+    for layer in drafter.layers:
+        forward = layer.forward
+
+        def wrapped(*args, _forward=forward, **kwargs):
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        layer.forward = wrapped

@@ -74,8 +74,9 @@ def balance_advice(status: LineStatus) -> str:
     the advice spells out) or by changing the drafter's work per token (``--max-anchors``). A
     colocated layout (one process, or ``--colocated``) has no split: target and drafter take turns
     on one device, so one of them waiting is how it runs, not a sign of idle hardware. CPU ranks of one
-    host share its cores, and a waiting rank leaves its core to the others: moving ranks adds no
-    compute (the demo's line measured 2+1, 1+1, 1+2 and colocated layouts: bench/demo_layouts.py).
+    host share its cores: moving a rank to the other side adds no compute, while ``--colocated`` (each
+    process a target and a replicated drafter) keeps every core at work (the demo's line measured 2+1,
+    1+1, 1+2 and colocated layouts: bench/demo_layouts.py; colocated and replicated was 1.45x 2+1).
     """
     target, drafter = status.target_wait, status.drafter_wait
     if not _known(target) or not _known(drafter):
@@ -99,8 +100,9 @@ def balance_advice(status: LineStatus) -> str:
                 f"(expected: nothing to rebalance; `draftline plan` compares a target/drafter split)")
     if status.cpu_cores is not None and (target_waits or drafter_waits):
         side, wait = ("targets", target) if target_waits else ("drafters", drafter)
-        return (f"{side} wait {wait:.0%} of the time; the ranks share this host's {status.cpu_cores} CPU cores and "
-                "a waiting rank leaves its core to the others: another split adds no compute")
+        return (f"{side} wait {wait:.0%} of the time; the ranks share this host's {status.cpu_cores} CPU cores, so "
+                f"another split adds no compute: --colocated (--gpus {status.cpu_cores}, each process a target and "
+                "a drafter) keeps every core at work")
     t, d = status.num_targets, status.num_drafters
     if drafter_waits:
         move = f"--targets {t + 1} --drafters {d - 1}" if t and d and d > 1 else "add target ranks"

@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 
 from draftline.errors import DraftlineError
-from draftline.model.drafter import DFlashDrafter
+from draftline.model.drafter import DFlashDrafter, checkpoint_layers
 from draftline.model.target import TargetFeatures, load_embedding_and_head
 from draftline.objective.loss import DFlashObjective, ObjectiveSettings
-from draftline.pipeline.drafter_worker import DrafterWorker, checkpoint_layers
+from draftline.pipeline.drafter_worker import DrafterWorker
 from draftline.pipeline.health import Health
 from draftline.pipeline.optim import build_optimizer, build_scheduler
 from draftline.pipeline.roles import drafter_seqs

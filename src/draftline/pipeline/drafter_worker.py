@@ -328,15 +328,3 @@ class DrafterWorker:
 
         return values
 
-
-def checkpoint_layers(drafter) -> None:
-    """Recompute each decoder layer in backward instead of storing its activations."""
-    from torch.utils.checkpoint import checkpoint
-
-    for layer in drafter.layers:
-        forward = layer.forward
-
-        def wrapped(*args, _forward=forward, **kwargs):
-            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
-
-        layer.forward = wrapped

@@ -106,20 +106,20 @@ class ModelSpec:
     @classmethod
     def resolve(cls, config: TrainConfig) -> "ModelSpec":
         """Read the target's config (and a warm-start drafter's) once; build the drafter's config."""
-        from draftline.checkpoint.export import load_drafter_config
         from draftline.model.target import load_target_config
 
         m = config.model
         target_config = load_target_config(m.target)
+        text = text_config(target_config)
         distill = config.optim.distill > 0
         if m.init_drafter:
-            from draftline.checkpoint.serving import check_drafter_dir
+            from draftline.checkpoint.serving import released_drafter_config
 
             # A drafter for another target, or one an engine would load differently, is refused now (each
             # field named with its fix), not at export.
-            for warning in check_drafter_dir(m.init_drafter, m.target, target_config):
+            drafter_config, warnings = released_drafter_config(m.init_drafter, m.target, text)
+            for warning in warnings:
                 print(f"draftline: warning: --init-drafter {m.init_drafter}: {warning}", flush=True)
-            drafter_config = load_drafter_config(m.init_drafter)
             _refuse_shape_flags(config, drafter_config)
             return cls.from_configs(target_config, drafter_config, target=m.target, distill=distill,
                                     init=INIT_DRAFTER, init_source=m.init_drafter)
