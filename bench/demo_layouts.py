@@ -1,6 +1,6 @@
 """The demo's training on each CPU layout of this machine, back to back: which one its advice picks.
 
-    python bench/demo_layouts.py --data demo-run/data --batches 400 [--layouts 2+1,1+1,1+2,colocated2,single]
+    python bench/demo_layouts.py --data demo-run/data --batches 400 [--layouts 2+1,1+1,1+2,colocated2,colocated2-shard,single]
 
 Each layout runs the demo's own ``draftline train`` (its model, objective and schedule) on the same
 data for ``--batches`` drafter batches (``--max-steps`` halves with two drafters, whose step is two
@@ -8,7 +8,8 @@ batches) with one thread per process on a 2-core machine, as the demo starts it.
 layout: the training's wall time, tokens per second between its first and last monitor record (the
 line's start, in-training evaluation and the final measurement left out), and the waits the monitor
 saw. Layouts: ``2+1`` (2 target ranks, 1 drafter), ``1+1``, ``1+2`` (1 target, 2
-drafters sharded), ``colocated2`` (2 processes, each target and drafter), ``single`` (one process
+drafters sharded), ``colocated2`` (2 processes, each target and drafter, the drafters replicated: the demo's),
+``colocated2-shard`` (the same, the drafters sharded with FSDP2), ``single`` (one process
 with every core).
 """
 
@@ -30,7 +31,8 @@ LAYOUTS = {
     "2+1": (["--gpus", "3", "--targets", "2"], 3, 1),
     "1+1": (["--gpus", "2", "--targets", "1"], 2, 1),
     "1+2": (["--gpus", "3", "--targets", "1"], 3, 2),
-    "colocated2": (["--gpus", "2", "--colocated"], 2, 2),
+    "colocated2": (["--gpus", "2", "--colocated"], 2, 2),  # the demo's: the drafters replicate on CPU
+    "colocated2-shard": (["--gpus", "2", "--colocated", "--drafter-state", "shard"], 2, 2),
     "single": (["--gpus", "1"], 1, 1),
 }
 
@@ -51,7 +53,7 @@ def _without(args: list[str], flags: tuple[str, ...]) -> list[str]:
 def run_layout(name: str, data: Path, batches: int, work: Path) -> dict:
     extra, processes, drafters = LAYOUTS[name]
     run_dir = work / name
-    args = _without(train_args(DemoConfig(), data, run_dir), ("--gpus", "--targets"))
+    args = [a for a in _without(train_args(DemoConfig(), data, run_dir), ("--gpus", "--targets")) if a != "--colocated"]
     args += [*extra, "--max-steps", str(batches // drafters), "--eval-every", "100000"]
     threads = str(max(1, (os.cpu_count() or 1) // processes))
     env = {**os.environ, "OMP_NUM_THREADS": threads, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -74,7 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="a prepared demo dataset (demo-run/data)")
     parser.add_argument("--batches", type=int, default=400, help="drafter batches per layout")
-    parser.add_argument("--layouts", default="2+1,1+1,1+2,colocated2,single")
+    parser.add_argument("--layouts", default="2+1,1+1,1+2,colocated2,colocated2-shard,single")
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args()
     results = []

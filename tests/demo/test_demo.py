@@ -33,8 +33,9 @@ def test_quick_demo_end_to_end(tmp_path):
     per_prompt = json.loads((out / "eval.json").read_text())["per_prompt"]
     assert len(per_prompt) == 24 and all(sum(p["acceptance_lengths"]) > 0 for p in per_prompt)
     starts = [json.loads(line) for line in (run / "starts.jsonl").read_text().splitlines()]
-    assert starts[-1]["topology"] == {"targets": 2, "drafters": 1, "colocated": False, "world_size": 3, "device": "cpu",
-                                      "sharded": False}
+    # Two processes, each a target and a drafter; the drafters replicate (one gradient all-reduce per step).
+    assert starts[-1]["topology"] == {"targets": 2, "drafters": 2, "colocated": True, "world_size": 2, "device": "cpu",
+                                      "sharded": False, "replicated": True}
     # The demo's drafter leaves for the engines like any other: its feature layers are ones they capture.
     exported = subprocess.run([sys.executable, "-m", "draftline", "export", str(run), str(out / "export")],
                               env=env, capture_output=True, text=True, timeout=300)

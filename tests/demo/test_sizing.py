@@ -26,9 +26,10 @@ def _epochs(size) -> float:
 
 
 def test_a_machine_that_fits_part_of_the_epochs_gets_every_conversation_and_the_steps_that_fit():
-    probe = _probe_for(7.0, 1280, 1500)
+    steps = int(0.75 * STEPS_PER_CONVERSATION * 1280 * 10)  # three quarters of 10 epochs
+    probe = _probe_for(7.0, 1280, steps)
     size = size_demo(probe, 7.0, 1280, epochs=10)
-    assert size.conversations == 1280 and size.max_steps in (1499, 1500)
+    assert size.conversations == 1280 and size.max_steps in (steps - 1, steps)
     assert size.minutes == pytest.approx(7.0, abs=0.01)
 
 
@@ -40,7 +41,7 @@ def test_a_fast_machine_stops_at_the_epochs_and_finishes_early():
 
 
 def test_a_slow_machine_keeps_two_epochs_with_fewer_conversations_then_runs_long():
-    probe = _probe_for(7.0, 1280, 300)  # every conversation would get ~1.1 epochs
+    probe = _probe_for(7.0, 1280, int(1.1 * STEPS_PER_CONVERSATION * 1280))  # every conversation would get ~1.1 epochs
     size = size_demo(probe, 7.0, 1280, epochs=10)
     assert 160 <= size.conversations < 1280 and size.conversations % 32 == 0
     assert _epochs(size) >= 2.0 and size.minutes <= 7.0

@@ -6,7 +6,7 @@ Each stage runs the real command (printed first, so it can be copied to a real r
    files the tiny target trained on; its held-out files stay out);
 2. ``draftline regenerate``: the tiny target writes its own replies (what the drafter must learn);
 3. ``draftline prepare``: chat template, assistant-only loss masks, packed dataset;
-4. ``draftline train``: 2 target ranks + 1 drafter rank on CPU through the real line (gloo);
+4. ``draftline train``: 2 processes on CPU through the real line (gloo), each a target and a drafter;
 5. ``draftline eval``: speculative decoding on held-out prompts, acceptance length tau;
 6. ``draftline report``: plots and a one-page summary.
 """
@@ -78,8 +78,9 @@ class DemoConfig:
     evaluations: int = 5
     """Small measurements of tau during the sized demo's training (each ~1-4 s of the drafter's time on
     two cores, 4-10 steps' worth)."""
-    gpus: int = 3
-    """Processes of the line: 2 targets + 1 drafter (on 2 cores as fast as any layout measured, docs/PERF_NOTES.md)."""
+    gpus: int = 2
+    """Processes of the line, each a target and a drafter (``--colocated``; on CPU the drafters replicate): on 2
+    cores 1.45x the 2 targets + 1 drafter line, the fastest layout measured (docs/PERF_NOTES.md)."""
     seed: int = 0
 
     @classmethod
@@ -158,7 +159,7 @@ def train_args(cfg: DemoConfig, data: Path, run_dir: Path, max_steps: int | None
              if cfg.final_in_training else ["--eval-final-num-prompts", "4", "--eval-final-max-new-tokens", "32"])
     return [
         "train", "--target", str(TARGET), "--data", str(data), "--out", str(run_dir), "--from-scratch",
-        "--gpus", str(cfg.gpus), "--targets", str(cfg.gpus - 1), "--device", "cpu",
+        "--gpus", str(cfg.gpus), "--colocated", "--device", "cpu",
         "--draft-layers", str(cfg.draft_layers), "--block-size", str(cfg.block_size), "--init-from-target",
         "--target-layer-ids", cfg.target_layer_ids, "--loss-gamma", str(cfg.loss_gamma),
         "--max-anchors", str(cfg.max_anchors), "--token-budget", str(cfg.token_budget), "--epochs", str(cfg.epochs),
@@ -228,7 +229,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         max_steps = steps_after_data(size, probe_now, left)
         max_minutes = training_limit_s(probe_now, left, max_steps) / 60
         stages.planned_end = time.time() + tail_seconds(probe_now) + probe_now * TRAIN_PER_STEP * max_steps
-    stages.header("train", f"{cfg.gpus - 1} target ranks + 1 drafter rank on CPU (torchrun, gloo)"
+    stages.header("train", f"{cfg.gpus} processes on CPU, each a target and a drafter (torchrun, gloo)"
                   + (f", {max_steps} steps in at most {max_minutes:.1f} min (what fits in the time here: "
                      f"{probe_now * 1000:.0f} ms per pass now)" if max_steps else ""))
     run_dir = out / "run"

@@ -25,22 +25,24 @@ REGENERATE_PER_CONVERSATION = 0.13
 """``draftline regenerate`` (64 new tokens per reply, batches of 32), per conversation (0.10-0.15 on the
 EPYC; 0.13-0.25 on the Xeons, most of whose cores decode slowly against their probe: the regeneration gets
 the time this plans, ``regeneration_minutes``, and makes fewer conversations there)."""
-TRAIN_PER_STEP = 0.45
-"""``draftline train``'s line (2 targets + 1 drafter), per optimizer step of one 1,024-token batch (0.43
-on the EPYC; 0.42-0.53 on the Xeons, where the probe varied more: the training's time limit cuts the rest)."""
+TRAIN_PER_STEP = 0.70
+"""``draftline train``'s line (2 colocated processes, the drafters replicated), per optimizer step of two
+1,024-token batches, one per process (0.76 on the development Xeon, where the 2 targets + 1 drafter line
+took 0.49 per batch; that line took 0.43 per batch on the EPYC and 0.42-0.53 on other Xeons, where the
+probe varied more: the training's time limit cuts the rest)."""
 HEAD = 25.0
 """What comes before the training and does not grow with the conversations: this probe, cutting the
 conversations, the target's load for regeneration, ``draftline prepare``."""
 TAIL = 45.0
 TAIL_S = 45.0
 """What comes after the data and does not grow with the steps, ``TAIL_S`` seconds plus ``TAIL`` probe
-seconds (``tail_seconds``): the line's start (three processes import torch), its 5 small measurements
+seconds (``tail_seconds``): the line's start (its processes import torch), its 5 small measurements
 and the last one, the final checkpoint, ``draftline eval`` and ``draftline report``. Its start and the
 eval's decoding are Python more than matrix work and do not slow with the probe: 94 s on an EPYC whose
 probe took 1.8 s, about 60 s on the Xeon (0.54 s) and 85-105 on the EPYC at 0.98 s."""
-STEPS_PER_CONVERSATION = 0.209
+STEPS_PER_CONVERSATION = 0.1045
 """Optimizer steps of one epoch per conversation (1,280 regenerated conversations pack into 268
-batches of 1,024 tokens)."""
+batches of 1,024 tokens, two per step)."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ def with_conversations(size: DemoSize, conversations: int, epochs: int) -> DemoS
     return replace(size, conversations=conversations, max_steps=min(size.max_steps, most), most_steps=most)
 
 
-FEWEST_STEPS = 100
+FEWEST_STEPS = 50
 """The fewest training steps the demo runs however little time is left (a machine far slower than planned)."""
 
 
