@@ -25,11 +25,11 @@ REGENERATE_PER_CONVERSATION = 0.13
 """``draftline regenerate`` (64 new tokens per reply, batches of 32), per conversation (0.10-0.15 on the
 EPYC; 0.13-0.25 on the Xeons, most of whose cores decode slowly against their probe: the regeneration gets
 the time this plans, ``regeneration_minutes``, and makes fewer conversations there)."""
-TRAIN_PER_STEP = 0.70
+TRAIN_PER_STEP = 0.80
 """``draftline train``'s line (2 colocated processes, the drafters replicated), per optimizer step of two
-1,024-token batches, one per process (0.76 on the development Xeon, where the 2 targets + 1 drafter line
-took 0.49 per batch; that line took 0.43 per batch on the EPYC and 0.42-0.53 on other Xeons, where the
-probe varied more: the training's time limit cuts the rest)."""
+1,024-token batches, one per process (0.76 on the development Xeon, 0.83-0.84 on two cores of the GPU
+machine's Xeon; the 2 targets + 1 drafter line took 0.43 per batch on the EPYC and 0.42-0.53 on the
+Xeons, where the probe varied more: the training's time limit cuts the rest)."""
 HEAD = 25.0
 """What comes before the training and does not grow with the conversations: this probe, cutting the
 conversations, the target's load for regeneration, ``draftline prepare``."""
