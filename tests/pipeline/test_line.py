@@ -91,6 +91,10 @@ def test_separate_ranks_match_the_single_process(colocated, qwen3_target, line_d
         assert losses.keys() == reference.keys()
         for step in reference:
             assert losses[step] == pytest.approx(reference[step], rel=1e-4), step
+    # The hidden-state queues: one over all targets, or one per colocated rank (the status sums both).
+    train = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
+    capacity = 8 * (3 if layout == ["--colocated"] else 1)
+    assert train and all(r["q_hs_capacity"] == capacity and 0 <= r["q_hs"] <= capacity for r in train)
     if drafters > 1:  # every drafter trains its share of every step: they compute in parallel
         steps = [{r["step"] for r in records} for records in traces.values()]
         last = max(max(s) for s in steps)

@@ -141,6 +141,7 @@ class LineStatus:
             "mfu_ceiling": self.mfu_ceiling,
             "q_pre": list(self.q_pre),
             "q_hs": self.q_hs,
+            "q_hs_capacity": self.q_hs_capacity,
             "target_wait": self.target_wait,
             "drafter_wait": self.drafter_wait,
             "target_batches_s": self.target_batches_s,

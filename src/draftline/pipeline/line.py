@@ -202,7 +202,9 @@ class Line:
             health=self.health, logger=self.logger, dashboard=Dashboard(), block_size=spec.model.block_size,
             total_steps=spec.total_steps, start_step=spec.start_step, batches_per_step=spec.batches_per_step,
             schedule=spec.data.schedule, peak=peak, num_devices=spec.env.world_size,
-            q_pre_capacity=c.topology.q_pre, q_hs_capacity=c.topology.q_hs, interval_s=c.monitor.interval_s,
+            # Colocated, every rank has a hidden-state queue of its own; the status sums the queues' batches.
+            q_pre_capacity=c.topology.q_pre, interval_s=c.monitor.interval_s,
+            q_hs_capacity=c.topology.q_hs * (spec.role.num_targets if spec.colocated else 1),
             trace_dir=spec.run_dir / "trace" if c.engine.trace else None, counters=counters,
             cpu_cores=usable_cores() if spec.device.type == "cpu" else None,
         )
