@@ -12,7 +12,7 @@ from draftline.monitor.status import LineStatus, RateMeter, eta_seconds, format_
 TRAIN_FIELDS = {
     "kind", "time", "elapsed_s", "step", "total_steps", "epoch", "samples", "tokens", "loss", "accuracy",
     "accuracy_by_position", "tau", "tau_step", "tf_acceptance", "lr", "grad_norm", "skipped_steps", "ktok_s", "samples_s",
-    "tflops", "mfu", "mfu_ceiling", "q_pre", "q_hs", "target_wait", "drafter_wait", "target_batches_s", "drafter_batches_s",
+    "tflops", "mfu", "mfu_ceiling", "q_pre", "q_hs", "q_hs_capacity", "target_wait", "drafter_wait", "target_batches_s", "drafter_batches_s",
     "eta_s", "gpus", "num_epochs", "epochs_done", "layout",
 }
 
