@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 from draftline.commands.train import add_arguments, config_from_args
 from draftline.config import TrainConfig
 from draftline.pipeline.spec import default_batches_per_step as grad_accum_batches
@@ -207,4 +209,24 @@ def test_grad_accum_and_global_batch_tokens_together_are_refused():
     validate(config)
     config.optim.global_batch_tokens = 0
     with pytest.raises(DraftlineError, match="global_batch_tokens"):
+        validate(config)
+
+
+def test_drafter_state_flag_and_its_values():
+    import pytest
+
+    from draftline.config import validate
+    from draftline.errors import DraftlineError
+    from draftline.pipeline.shard import replicates
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o",
+                                                 "--drafter-state", "replicate"]))
+    assert config.topology.drafter_state == "replicate"
+    validate(config)
+    assert replicates("replicate", torch.device("cuda")) and not replicates("shard", torch.device("cpu"))
+    assert replicates("auto", torch.device("cpu")) and not replicates("auto", torch.device("cuda"))
+    config.topology.drafter_state = "mirror"
+    with pytest.raises(DraftlineError, match=r"topology.drafter_state \(--drafter-state\) must be auto, shard or replicate"):
         validate(config)
