@@ -110,7 +110,8 @@ def fail(exc: BaseException, ctx: FailureContext) -> int:
             print(f"draftline: could not save a checkpoint: {describe_exception(save_exc)}", file=sys.stderr)
     elif reports and ctx.role.num_drafters > 1:
         newest = latest_checkpoint(ctx.run_dir, quiet=True)
-        print("draftline: the drafters' state is sharded, so no checkpoint is written after a failure; "
+        print("draftline: with several drafters a checkpoint is written by all of them together, so none is written "
+              "after a failure; "
               + (f"resume from the newest one, {newest}, with the same command and --resume" if newest else
                  "no checkpoint was written before it: start again"), file=sys.stderr, flush=True)
         saved = newest

@@ -125,12 +125,14 @@ class DrafterGroup:
 
     def reduce_gradients(self, params: list[torch.Tensor]) -> None:
         """Replicated drafters: sum every gradient over the drafters, in one all-reduce of one flat buffer
-        (sharded, FSDP reduce-scattered them in each pass already; one drafter: nothing to do)."""
+        (sharded, FSDP reduce-scattered them in each pass already; one drafter: nothing to do). Every drafter
+        calls it at every step, also one dealt no batch (its gradients are zeros)."""
         if not (self.replicated and self.several):
             return
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            return
+        for p in params:  # a drafter without a batch in this step (the last one) adds zeros: every drafter all-reduces
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         wait_work(dist.all_reduce(flat, group=self.device_group, async_op=True), self.health)
         offset = 0
