@@ -160,7 +160,7 @@ class TopologyConfig:
     and AdamW state; layers gathered for each pass), 'replicate' (each keeps all of it; one all-reduce of
     the gradients per step: for a drafter that fits on every rank, where the per-layer gathers cost more
     than they save) or 'auto' (shard on GPU, replicate on CPU, where gloo's gathers made the demo's
-    colocated line 1.9x slower). Either resumes the other's checkpoints."""
+    colocated line 1.7-1.9x slower). Either resumes the other's checkpoints."""
     gpus: int | None = None
     """Launch this many local processes with torchrun (one per GPU; with device cpu, CPU processes),
     as `--gpus N` does. None = as launched: one process, or the ranks torchrun started (under

@@ -73,7 +73,7 @@ def test_killed_rank_is_named_and_the_run_resumes(qwen3_target, line_data, tmp_p
     failure = json.loads((out / "failure.json").read_text())
     assert f"rank {victim}" in failure["message"]
     checkpoint = latest_checkpoint(out)
-    assert checkpoint is not None and failure["checkpoint"] == str(checkpoint)
+    assert checkpoint is not None and failure["checkpoint"] == str(checkpoint), (failure, err[-3000:])
     step = int(checkpoint.name.split("-")[-1])
     if sharded:
         # The newest periodic checkpoint, named; no checkpoint written after the kill.

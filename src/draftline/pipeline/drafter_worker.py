@@ -4,10 +4,10 @@ Step ``k`` is the batches numbered ``k*G .. (k+1)*G - 1`` (G = batches per step)
 the drafters (``roles.drafter_share``). A drafter trains its share (``accumulate``: each batch in one
 or more passes of at most ``max_query_rows`` block rows, which the objective plans and builds; each
 pass is one forward, all blocks in one attention pass, and one backward); then ``queue_update`` sums
-the metrics (replicated drafters: the gradients too) over the drafters, divides the gradients by the step's total label weight, clips and
-steps AdamW. So the result of a step does not depend on how its batches were spread over drafters
-or split into passes. Sharded (several drafters), every drafter runs as many passes as the busiest
-one: ``shard.DrafterGroup``.
+the metrics (replicated drafters: the gradients too) over the drafters, divides the gradients by the
+step's total label weight, clips and steps AdamW. So the result of a step does not depend on how its
+batches were spread over drafters or split into passes. Sharded (several drafters), every drafter runs
+as many passes as the busiest one: ``shard.DrafterGroup``.
 
 The host runs one step ahead of the GPU. ``queue_update`` queues step ``k``'s update and returns
 without waiting; the step's record (metrics, gradient norm, stop and save flags), copied to the

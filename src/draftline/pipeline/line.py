@@ -260,7 +260,7 @@ class Line:
         role = self.spec.role
         return {"targets": role.num_targets, "drafters": role.num_drafters, "colocated": self.spec.colocated,
                 "world_size": self.spec.env.world_size, "device": str(self.spec.device.type),
-                "sharded": self.group.sharded, "replicated": self.group.replicated and self.group.several}
+                "sharded": self.group.sharded, "replicated": self.group.replicated}
 
     def _print_plan(self) -> None:
         spec, c, plan = self.spec, self.spec.config, self.spec.data

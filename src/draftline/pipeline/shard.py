@@ -61,7 +61,8 @@ class DrafterGroup:
     With one drafter among several ranks, a group of that rank alone; None in a single process."""
     health: Health | None = None
     replicated: bool = False
-    """Several drafters, each holding the whole drafter (``topology.drafter_state`` 'replicate')."""
+    """Several drafters, each holding the whole drafter (``topology.drafter_state`` 'replicate'; never with
+    one drafter)."""
 
     @property
     def several(self) -> bool:
@@ -81,7 +82,7 @@ class DrafterGroup:
     def shard(self, drafter: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype) -> None:
         """Shard ``drafter`` in place over the drafters; replicated, give every drafter the first one's weights
         (nothing with one drafter)."""
-        if self.replicated and self.several:
+        if self.replicated:
             first = dist.get_global_rank(self.device_group, 0)
             with torch.no_grad():
                 for tensor in drafter.state_dict().values():
@@ -127,7 +128,7 @@ class DrafterGroup:
         """Replicated drafters: sum every gradient over the drafters, in one all-reduce of one flat buffer
         (sharded, FSDP reduce-scattered them in each pass already; one drafter: nothing to do). Every drafter
         calls it at every step, also one dealt no batch (its gradients are zeros)."""
-        if not (self.replicated and self.several):
+        if not self.replicated:
             return
         for p in params:  # a drafter without a batch in this step (the last one) adds zeros: every drafter all-reduces
             if p.grad is None:
@@ -175,4 +176,5 @@ def make_drafter_group(ranks: list[int], index: int, device: torch.device, healt
     device_group = dist.new_group(ranks, backend=backend)
     host_group = dist.new_group(ranks, backend="gloo")
     checkpoint_group = dist.new_group(ranks, backend="gloo")
-    return DrafterGroup(len(ranks), index, device_group, host_group, checkpoint_group, health, replicate)
+    return DrafterGroup(len(ranks), index, device_group, host_group, checkpoint_group, health,
+                        replicate and len(ranks) > 1)
