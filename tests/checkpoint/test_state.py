@@ -18,7 +18,7 @@ from draftline.checkpoint.state import (
     TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint, verify_checkpoint, wait_for_checkpoint,
 )
 from draftline.config import OptimConfig
-from draftline.errors import DraftlineError
+from draftline.errors import DraftlineError, MachineError
 from draftline.model.config import build_drafter_config
 from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import load_target_config
@@ -117,16 +117,29 @@ def test_an_error_in_the_writer_is_raised_on_the_training_thread(trainer, tmp_pa
 
     monkeypatch.setattr(ckpt, "save_file", broken)
     _save(tmp_path, trainer, 2)  # returns; the failure happens in the background
-    with pytest.raises(DraftlineError, match=r"could not write checkpoint .*step-00000002: RuntimeError: the storage went away"
+    # Not the storage (an OSError would be): a failure of the run (a peer that died mid-save), not the user's.
+    with pytest.raises(ckpt.CheckpointWriteError, match=r"could not write checkpoint .*step-00000002: RuntimeError: the storage went away"
                                              r".*step-00000001 is whole"):
         _save(tmp_path, trainer, 3)  # ... and is raised at the next save
     monkeypatch.undo()
     _save(tmp_path, trainer, 4, wait=True)
     monkeypatch.setattr(ckpt, "save_file", broken)
     _save(tmp_path, trainer, 5)
-    with pytest.raises(DraftlineError, match="the storage went away"):
+    with pytest.raises(ckpt.CheckpointWriteError, match="the storage went away"):
         wait_for_checkpoint()  # ... or at the end of training
     assert latest_checkpoint(tmp_path) == ckpt.checkpoint_dir(tmp_path, 4) and good.is_dir()
+
+
+def test_a_storage_error_in_the_writer_is_the_machines(trainer, tmp_path, monkeypatch):
+    _save(tmp_path, trainer, 1, wait=True)
+
+    def refused(*_args, **_kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(ckpt, "save_file", refused)
+    _save(tmp_path, trainer, 2)
+    with pytest.raises(MachineError, match=r"step-00000002: PermissionError: .*Permission denied.*step-00000001 is whole"):
+        wait_for_checkpoint()
 
 
 def test_a_full_disk_leaves_the_previous_checkpoint_whole(trainer, tmp_path, monkeypatch):

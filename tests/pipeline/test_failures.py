@@ -44,9 +44,9 @@ def _long_run(target, data, out, save_every=100_000, **extra):
 @pytest.mark.parametrize("victim,targets,role", [(2, 2, "target"), (1, 1, "drafter"), (0, 1, "drafter")],
                          ids=["kill-target", "kill-drafter", "kill-logging-drafter"])
 def test_killed_rank_is_named_and_the_run_resumes(qwen3_target, line_data, tmp_path, victim, targets, role):
-    """One drafter (kill-target): it saves the last completed step after the failure. Two drafters: their
-    state is sharded and the dead one's shard is gone, so the newest periodic checkpoint is named instead
-    (by the second drafter when the first one died)."""
+    """One drafter (kill-target): it saves the last completed step after the failure. Two drafters: they
+    write a checkpoint together, so the newest periodic checkpoint is named instead (by the second
+    drafter when the first one died), also when the kill cut a save short."""
     out = tmp_path / "run"
     sharded = targets == 1
     args = _long_run(qwen3_target, line_data, out, **({"save_every": 2} if sharded else {}))

@@ -254,7 +254,14 @@ def _os_error(exc: BaseException | None) -> OSError | None:
     return None
 
 
-def _write_error(exc: BaseException, pending: _Pending | None, previous: Path | None) -> MachineError:
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint's write failed for a reason other than the machine's storage: a collective save whose
+    peer died mid-write (the usual case), or a bug. A failure of the run, whose culprit the failure
+    handler looks for, not an error of the user's (that is a ``MachineError``: a full disk, a permission)."""
+
+
+def _write_error(exc: BaseException, pending: _Pending | None, previous: Path | None
+                 ) -> MachineError | CheckpointWriteError:
     target = pending.target if pending else None
     kept = (f"the previous checkpoint {previous} is whole and --resume continues from it" if previous else
             "the checkpoints written before are untouched")
@@ -265,9 +272,12 @@ def _write_error(exc: BaseException, pending: _Pending | None, previous: Path | 
         size = f", and a checkpoint takes about {_bytes(pending.size_hint)}" if pending and pending.size_hint else ""
         cause = f"the disk is full ({os.strerror(os_error.errno)}): {_bytes(free)} free on {folder}{size}"
         fix = "free space there (or lower --keep, or move --out to a larger disk) and run the same command with --resume"
-    else:
-        cause = f"{type(exc).__name__}: {str(exc)[:300]}"
+    elif os_error is not None:
+        cause = f"{type(os_error).__name__}: {str(os_error)[:300]}"
         fix = "fix the cause and run the same command with --resume"
+    else:
+        return CheckpointWriteError(f"could not write checkpoint {target}: {type(exc).__name__}: {str(exc)[:300]}; "
+                                    f"nothing of it was kept and {kept}")
     return MachineError(f"could not write checkpoint {target}: {cause}; nothing of it was kept and {kept}; {fix}")
 
 
@@ -367,12 +377,21 @@ def wait_for_checkpoint() -> Path | None:
     return _WRITER.wait()
 
 
-@atexit.register
-def _report_at_exit() -> None:
+def settle_checkpoint_write() -> Exception | None:
+    """Block until the checkpoint being written is on disk or failed; its error returned, not raised (a
+    failing run's handler: the write is then usually part of the failure)."""
     try:
         _WRITER.wait()
-    except DraftlineError as exc:  # never lost: the training loop should have called wait_for_checkpoint
-        print(f"draftline: error: {exc}", file=sys.stderr, flush=True)
+    except (DraftlineError, CheckpointWriteError) as exc:
+        return exc
+    return None
+
+
+@atexit.register
+def _report_at_exit() -> None:
+    error = settle_checkpoint_write()
+    if error is not None:  # never lost: the training loop should have called wait_for_checkpoint
+        print(f"draftline: error: {error}", file=sys.stderr, flush=True)
 
 
 def _prune(folder: Path, keep: int) -> None:

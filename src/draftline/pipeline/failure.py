@@ -2,10 +2,11 @@
 
 Every exception of a rank ends in ``fail``. A user-fixable ``DraftlineError`` is reported as is
 (exit 2; a ``MachineError``, such as a full disk, exit 1). Otherwise the rank looks for a culprit: a
-communication error here is usually the echo of another rank's death, which the watchdog names
-(``Health.scan``). With one drafter, the drafter saves a checkpoint of its last completed step; with
-several (their state sharded, a dead rank's shard gone with it) the newest periodic checkpoint is the
-one to resume from, and the message says which. The first drafter writes ``RUN_DIR/failure.json``,
+communication error here (in a collective checkpoint's write too) is usually the echo of another
+rank's death, which the watchdog names (``Health.scan``). With one drafter, the drafter saves a
+checkpoint of its last completed step; with several (a checkpoint is written by all of them together,
+and a dead one's part is gone) the newest periodic checkpoint is the one to resume from, and the
+message says which. The first drafter writes ``RUN_DIR/failure.json``,
 the second one when the first is the rank that died.
 """
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from draftline.checkpoint.state import latest_checkpoint
+from draftline.checkpoint.state import latest_checkpoint, settle_checkpoint_write
 from draftline.errors import DraftlineError, MachineError
 from draftline.pipeline.health import Health, RunAborted, describe_exception
 from draftline.pipeline.memory import find_out_of_memory
@@ -100,6 +101,9 @@ def fail(exc: BaseException, ctx: FailureContext) -> int:
         print(f"\ndraftline: run failed: {message}", file=sys.stderr, flush=True)
     else:
         print(f"draftline: {health.info.describe()}: stopping: {message}", file=sys.stderr, flush=True)
+    unfinished = settle_checkpoint_write()  # a save the failure cut short: not kept, and said so
+    if unfinished is not None:
+        print(f"draftline: {unfinished}", file=sys.stderr, flush=True)
     saved = None
     if ctx.save is not None:
         try:
