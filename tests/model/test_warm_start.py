@@ -14,7 +14,7 @@ from draftline.model.warm_start import init_from_target
 def test_copies_top_layers_norm_and_identity_fc(qwen3_target):
     config = build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=2, block_size=4)
     drafter = DFlashDrafter(config).float()
-    copied = init_from_target(drafter, qwen3_target)
+    copied = init_from_target(drafter, qwen3_target, load_target_config(qwen3_target))
     weights = load_file(qwen3_target / "model.safetensors")
     for i, source in enumerate((6, 7)):  # an 8-layer target: its last two layers
         for name, param in drafter.layers[i].named_parameters():
@@ -29,7 +29,7 @@ def test_copies_top_layers_norm_and_identity_fc(qwen3_target):
 def test_llama_target_keeps_fresh_qk_norms(llama_target):
     config = build_drafter_config(load_target_config(llama_target), num_hidden_layers=1, block_size=4)
     drafter = DFlashDrafter(config).float()
-    copied = init_from_target(drafter, llama_target)
+    copied = init_from_target(drafter, llama_target, load_target_config(llama_target))
     assert any("q_proj" in c for c in copied) and not any("q_norm" in c for c in copied)
     assert torch.equal(drafter.layers[0].self_attn.q_norm.weight, torch.ones(config.head_dim))
 
@@ -41,7 +41,7 @@ def test_hybrid_vision_language_target_copies_mlp_and_recentred_norms(qwen3_5_vl
     config = build_drafter_config(load_target_config(qwen3_5_vl_target), num_hidden_layers=2, block_size=4)
     drafter = DFlashDrafter(config).float()
     fresh = {name: p.clone() for name, p in drafter.layers[1].self_attn.named_parameters()}
-    copied = init_from_target(drafter, qwen3_5_vl_target)
+    copied = init_from_target(drafter, qwen3_5_vl_target, load_target_config(qwen3_5_vl_target))
     weights = load_file(qwen3_5_vl_target / "model.safetensors")
     prefix = "model.language_model.layers"
     torch.testing.assert_close(drafter.layers[0].mlp.up_proj.weight, weights[f"{prefix}.6.mlp.up_proj.weight"])
@@ -56,4 +56,5 @@ def test_hybrid_vision_language_target_copies_mlp_and_recentred_norms(qwen3_5_vl
                                overrides={"num_attention_heads": 4, "head_dim": 16, "num_key_value_heads": 2})
     same = DFlashDrafter(own).float()
     assert same.layers[1].self_attn.k_proj.weight.shape == weights[f"{prefix}.7.self_attn.k_proj.weight"].shape
-    assert not any("self_attn" in c for c in init_from_target(same, qwen3_5_vl_target))
+    copied = init_from_target(same, qwen3_5_vl_target, load_target_config(qwen3_5_vl_target))
+    assert not any("self_attn" in c for c in copied)

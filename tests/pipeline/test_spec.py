@@ -51,7 +51,7 @@ def released(qwen3_target, tmp_path):
 
 def test_a_warm_start_takes_the_drafters_shape_and_refuses_flags_that_contradict_it(qwen3_target, released,
                                                                                      monkeypatch):
-    from draftline.checkpoint import export, serving
+    from draftline.checkpoint import export
 
     reads = []
 
@@ -59,8 +59,7 @@ def test_a_warm_start_takes_the_drafters_shape_and_refuses_flags_that_contradict
         reads.append(path)
         return _read(path)
 
-    for module in (export, serving):  # the check and the config take one read of config.json
-        monkeypatch.setattr(module, "read_drafter_config_json", counted)
+    monkeypatch.setattr(export, "read_drafter_config_json", counted)  # the check and the config: one read
     spec = ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released)))
     assert len(reads) == 1
     monkeypatch.undo()

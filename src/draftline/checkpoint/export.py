@@ -105,6 +105,17 @@ def read_drafter_config_json(path: str | Path) -> dict:
     return data
 
 
+def read_drafter_config(path: str | Path) -> tuple[dict, Qwen3Config | None, str]:
+    """A drafter directory's config.json, read once: its fields, the config they build (None where they
+    build none: the serving checks then name the field) and why not."""
+    path = Path(path)
+    data = read_drafter_config_json(path)
+    try:
+        return data, drafter_config_from_json(data, path / CONFIG_NAME), ""
+    except Exception as exc:  # noqa: BLE001 - transformers' own validation errors too
+        return data, None, str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+
+
 def load_drafter_config(path: str | Path) -> Qwen3Config:
     """A drafter directory's config: its config.json read, checked and built (``drafter_config_from_json``)."""
     path = Path(path)

@@ -27,7 +27,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME, drafter_config_from_json, read_drafter_config_json
+from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME, read_drafter_config
 from draftline.errors import DraftlineError
 from draftline.model.config import text_config
 
@@ -146,9 +146,8 @@ def inspect_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig,
 def _inspect(path: Path, target_dir: Path | None, target: PretrainedConfig) -> ServingCheck:
     """Every check of the drafter in ``path`` against the target's text config ``target`` (and its
     tokenizer, with ``target_dir``)."""
-    data = read_drafter_config_json(path)
-    check = ServingCheck(path, data=data)
-    check.config, check.config_error = _drafter_config(data, path / CONFIG_NAME)
+    data, config, config_error = read_drafter_config(path)
+    check = ServingCheck(path, data=data, config=config, config_error=config_error)
     _check_format(data, check)
     _check_switches(data, check)
     _check_against_target(data, target, check)
@@ -159,14 +158,6 @@ def _inspect(path: Path, target_dir: Path | None, target: PretrainedConfig) -> S
     if (path / WEIGHTS_NAME).is_file():
         _check_tensors(path, data, check)
     return check
-
-
-def _drafter_config(data: dict, config_file: Path) -> tuple[PretrainedConfig | None, str]:
-    """The drafter config ``data`` describes, or None and why it builds none (the checks name the field)."""
-    try:
-        return drafter_config_from_json(data, config_file), ""
-    except Exception as exc:  # noqa: BLE001 - transformers' own validation errors too
-        return None, str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
 
 
 # ---------------------------------------------------------------------------------------------

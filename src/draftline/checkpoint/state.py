@@ -276,8 +276,8 @@ def _write_error(exc: BaseException, pending: _Pending | None, previous: Path | 
         cause = f"{type(os_error).__name__}: {str(os_error)[:300]}"
         fix = "fix the cause and run the same command with --resume"
     else:
-        return CheckpointWriteError(f"could not write checkpoint {target}: {type(exc).__name__}: {str(exc)[:300]}; "
-                                    f"nothing of it was kept and {kept}")
+        return CheckpointWriteError(f"could not write checkpoint {target}: {type(exc).__name__}: "
+                                    f"{str(exc)[:300]}; nothing of it was kept and {kept}")
     return MachineError(f"could not write checkpoint {target}: {cause}; nothing of it was kept and {kept}; {fix}")
 
 

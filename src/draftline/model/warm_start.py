@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from draftline.errors import DraftlineError
 from draftline.model.drafter import DFlashDrafter
-from draftline.model.target import _quiet_transformers, _safetensors_index, _stored_name, load_target_config
+from draftline.model.target import _quiet_transformers, _safetensors_index, _stored_name
 
 # RMSNorm classes that scale by ``1 + weight`` (the stored weight is centred on zero).
 _ZERO_CENTRED_NORMS = ("Qwen3_5", "Qwen3Next", "Gemma")
@@ -52,11 +52,10 @@ def _module_name(root: torch.nn.Module, module: torch.nn.Module) -> str:
 
 
 @torch.no_grad()
-def init_from_target(drafter: DFlashDrafter, target_dir: str | Path, config: PretrainedConfig | None = None) -> list[str]:
+def init_from_target(drafter: DFlashDrafter, target_dir: str | Path, config: PretrainedConfig) -> list[str]:
     """Copy the target's top layers and final norm into ``drafter``; returns what was copied. ``config``: the
-    target's config already read (else read here)."""
+    target's config as its directory holds it (``load_target_config``), read once by the caller."""
     target_dir = Path(target_dir)
-    config = config if config is not None else load_target_config(target_dir)
     with torch.device("meta"), _quiet_transformers():
         skeleton = AutoModelForCausalLM.from_config(config)
     decoder = skeleton.get_decoder()
