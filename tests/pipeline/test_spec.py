@@ -97,7 +97,6 @@ def test_a_drafter_for_another_target_is_refused_naming_the_field(qwen3_target, 
 
 def test_the_builders_take_the_targets_config_from_the_spec_and_read_it_no_more(qwen3_target, monkeypatch):
     import draftline.model.target as target_module
-    import draftline.model.warm_start as warm_start
     from draftline.data.batch import PackedBatch
     from draftline.model.target import TargetFeatures
     from draftline.pipeline.build import build_target, target_embedding_and_head
@@ -110,8 +109,7 @@ def test_the_builders_take_the_targets_config_from_the_spec_and_read_it_no_more(
     def refuse(*_):
         raise AssertionError("the target's config was read again after ModelSpec.resolve")
 
-    for module in (target_module, warm_start):
-        monkeypatch.setattr(module, "load_target_config", refuse)
+    monkeypatch.setattr(target_module, "load_target_config", refuse)  # warm_start takes the config it is given
     target = build_target(spec)
     drafter = build_drafter(spec)  # a start from the target's top layers
     embed, head = target_embedding_and_head(spec, None)
