@@ -67,7 +67,9 @@ class DemoConfig:
     block_size: int = 8
     max_anchors: int = 16
     token_budget: int = 1024
-    lr: float = 3e-3
+    lr: float = 2e-3
+    """Peak learning rate. With two batches a step, 2e-3 and 1.5e-3 beat 3e-3 by about 0.09 tau at 777 steps
+    (every seed higher), 4.5e-3 and 6e-3 lose 0.16 (docs/PERF_NOTES.md, "The demo's learning rate")."""
     eval_prompts: int = 24
     """Held-out prompts for the final acceptance measurement."""
     eval_max_new_tokens: int = 64
