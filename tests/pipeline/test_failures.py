@@ -22,6 +22,15 @@ def _rank_pid(out, rank):
     return json.loads(path.read_text())["pid"]
 
 
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _stderr_lines(proc) -> list[tuple[float, str]]:
     """(arrival time, line) of the process's stderr, filled by a thread as it arrives."""
     lines: list[tuple[float, str]] = []
@@ -98,17 +107,28 @@ def test_hung_rank_is_detected(qwen3_target, line_data, tmp_path):
     out = tmp_path / "run"
     proc = start([*_long_run(qwen3_target, line_data, out, failure_timeout=4), "--gpus", "2"])
     wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 2, 120, "2 steps", proc)
-    pid = _rank_pid(out, 1)
+    pid, survivor = _rank_pid(out, 1), _rank_pid(out, 0)
+    lines = _stderr_lines(proc)
     os.kill(pid, signal.SIGSTOP)  # frozen: alive but silent
+
+    def named() -> bool:
+        return any("target rank 1" in line and ("stopped responding" in line or "is hung" in line)
+                   for _, line in lines)
+
     try:
-        _, err = proc.communicate(timeout=90)
+        # Named by the surviving rank, which then exits; the frozen one is then killed here rather than
+        # left to torchrun's 30 s wait for a stopped process to take its SIGTERM.
+        wait_until(lambda: named() or proc.poll() is not None, 60, "the hung rank named")
+        wait_until(lambda: not _alive(survivor), 30, "the surviving rank to exit")
     finally:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        proc.wait(timeout=90)
+    time.sleep(0.2)  # the last lines
     assert proc.returncode != 0
-    assert "target rank 1" in err and ("stopped responding" in err or "is hung" in err), err[-3000:]
+    assert named(), "".join(line for _, line in lines)[-3000:]
 
 
 def test_exception_in_a_rank_is_named_with_its_cause(qwen3_target, line_data, tmp_path):
