@@ -6,8 +6,8 @@ communication error here (in a collective checkpoint's write too) is usually the
 rank's death, which the watchdog names (``Health.scan``). With one drafter, the drafter saves a
 checkpoint of its last completed step; with several (a checkpoint is written by all of them together,
 and a dead one's part is gone) the newest periodic checkpoint is the one to resume from, and the
-message says which. The first drafter writes ``RUN_DIR/failure.json``,
-the second one when the first is the rank that died.
+message says which. The first drafter writes ``RUN_DIR/failure.json``, the second one when the first
+is the rank that died.
 """
 
 from __future__ import annotations
