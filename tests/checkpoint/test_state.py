@@ -118,8 +118,8 @@ def test_an_error_in_the_writer_is_raised_on_the_training_thread(trainer, tmp_pa
     monkeypatch.setattr(ckpt, "save_file", broken)
     _save(tmp_path, trainer, 2)  # returns; the failure happens in the background
     # Not the storage (an OSError would be): a failure of the run (a peer that died mid-save), not the user's.
-    with pytest.raises(ckpt.CheckpointWriteError, match=r"could not write checkpoint .*step-00000002: RuntimeError: the storage went away"
-                                             r".*step-00000001 is whole"):
+    with pytest.raises(ckpt.CheckpointWriteError, match=r"could not write checkpoint .*step-00000002: "
+                                                        r"RuntimeError: the storage went away.*step-00000001 is whole"):
         _save(tmp_path, trainer, 3)  # ... and is raised at the next save
     monkeypatch.undo()
     _save(tmp_path, trainer, 4, wait=True)
@@ -138,7 +138,8 @@ def test_a_storage_error_in_the_writer_is_the_machines(trainer, tmp_path, monkey
 
     monkeypatch.setattr(ckpt, "save_file", refused)
     _save(tmp_path, trainer, 2)
-    with pytest.raises(MachineError, match=r"step-00000002: PermissionError: .*Permission denied.*step-00000001 is whole"):
+    with pytest.raises(MachineError, match=r"step-00000002: PermissionError: .*Permission denied.*"
+                                           r"step-00000001 is whole"):
         wait_for_checkpoint()
 
 

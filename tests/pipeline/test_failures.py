@@ -57,12 +57,12 @@ def test_killed_rank_is_named_and_the_run_resumes(qwen3_target, line_data, tmp_p
     write a checkpoint together, so the newest periodic checkpoint is named instead (by the second
     drafter when the first one died), also when the kill cut a save short."""
     out = tmp_path / "run"
-    sharded = targets == 1
-    args = _long_run(qwen3_target, line_data, out, **({"save_every": 2} if sharded else {}))
+    several_drafters = targets == 1
+    args = _long_run(qwen3_target, line_data, out, **({"save_every": 2} if several_drafters else {}))
     proc = start([*args, "--gpus", "3", "--targets", str(targets), "--grad-accum", "2"])
     lines = _stderr_lines(proc)
     wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 3 and (
-        not sharded or latest_checkpoint(out, quiet=True) is not None), 120, "3 steps", proc)
+        not several_drafters or latest_checkpoint(out, quiet=True) is not None), 120, "3 steps", proc)
     pid = _rank_pid(out, victim)
     killed_at = time.time()
     os.kill(pid, signal.SIGKILL)
@@ -84,7 +84,7 @@ def test_killed_rank_is_named_and_the_run_resumes(qwen3_target, line_data, tmp_p
     checkpoint = latest_checkpoint(out)
     assert checkpoint is not None and failure["checkpoint"] == str(checkpoint), (failure, err[-3000:])
     step = int(checkpoint.name.split("-")[-1])
-    if sharded:
+    if several_drafters:
         # The newest periodic checkpoint, named; no checkpoint written after the kill.
         assert step % 2 == 0 and failure["step"] >= step, failure
         assert f"resume from the newest one, {checkpoint}, with the same command and --resume" in err, err[-3000:]
