@@ -57,7 +57,7 @@ def bench_target(args, device, dtype, peak, rows):
     layers = model.config.num_hidden_layers
     drafter_cfg = build_drafter_config(model.config, num_hidden_layers=5, block_size=16)
     ids = drafter_cfg.dflash_config["target_layer_ids"]
-    shape = TargetShape.from_config(model.config)
+    shape = TargetShape.of(model.config)
     target = TargetFeatures.from_model(model, ids)
     rng = np.random.default_rng(0)
     batches = [packed_batch(lognormal_lengths(rng, args.budget), shape.vocab_size, i, i) for i in range(args.iters + 2)]

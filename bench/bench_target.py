@@ -116,7 +116,7 @@ def main() -> int:
     drafter = build_drafter_config(config)
     layer_ids = drafter.dflash_config["target_layer_ids"]
     layers_run = max(layer_ids) + 1
-    shape = TargetShape.from_config(config)
+    shape = TargetShape.of(config)
     peak = resolve_peak(device)
     start = time.perf_counter()
     model = random_target(config, layers_run, device, torch.bfloat16)

@@ -75,7 +75,7 @@ def main() -> None:
     target = TargetFeatures.from_model(model, layer_ids)
     del model
     torch.cuda.empty_cache()
-    drafter_shape = DrafterShape.from_config(drafter_cfg)
+    drafter_shape = DrafterShape.of(drafter_cfg)
     rows = []
 
     def row(component, measured, planned):
@@ -85,7 +85,7 @@ def main() -> None:
               f"({(planned - measured) / measured:+.1%})", flush=True)
 
     # The planner's target is built from the full config; the feature pass keeps layers_run of them.
-    full_shape = TargetShape.from_config(random_config(args.shape))
+    full_shape = TargetShape.of(random_config(args.shape))
     planned_target = target_memory(full_shape, drafter_shape.target_layers_run, args.budget, len(layer_ids), 0)
     row("target weights", allocated(), planned_target.weights)
     rng = np.random.default_rng(0)

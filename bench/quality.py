@@ -196,8 +196,8 @@ def run_flops(corpus: dict, train: dict) -> dict:
     config = config_from_args(args)
     plan = plan_data(config, Path(corpus["data"]), 1)
     dcfg = ModelSpec.resolve(config).drafter_config
-    dshape = DrafterShape.from_config(dcfg)
-    tshape = TargetShape.from_config(load_target_config(corpus["target"]))
+    dshape = DrafterShape.of(dcfg)
+    tshape = TargetShape.of(load_target_config(corpus["target"]))
     layers_run = max(dcfg.dflash_config["target_layer_ids"]) + 1
     target = drafter = 0.0
     anchors = 0

@@ -131,8 +131,8 @@ def test_perf_md_reference_table(target_config, layer_ids, by_hand, target_tflop
     shapes, and docs/PERF.md's table (rounded) follows from them: one 2,826-token document per sample,
     layers up to the deepest feature layer, 512 anchors spread evenly over the whole document, 15
     labelled rows per anchor, every drafter linear inside the layers with an input gradient."""
-    target = TargetShape.from_config(target_config)
-    drafter = DrafterShape.from_config(build_drafter_config(target_config))
+    target = TargetShape.of(target_config)
+    drafter = DrafterShape.of(build_drafter_config(target_config))
     assert drafter.target_layer_ids == layer_ids and drafter.block_size == 16 and drafter.num_layers == 5
     target_per_sample = reference_target_flops(target, drafter.target_layers_run)
     drafter_per_sample = reference_drafter_flops(drafter, mean_length=2826, num_anchors=512)
@@ -188,7 +188,7 @@ def test_target_flops_are_the_models_own_matmuls_plus_causal_pairs(family, qwen3
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     pairs = sum(n * (n + 1) // 2 for n in lengths)
     by_definition = matmuls + features.layers_run * 4 * config.num_attention_heads * head_dim * pairs
-    assert target_flops(TargetShape.from_config(config), lengths, features.layers_run) == by_definition
+    assert target_flops(TargetShape.of(config), lengths, features.layers_run) == by_definition
 
 
 def test_drafter_flops_are_the_steps_own_matmuls_plus_visible_pairs(qwen3_target):
@@ -216,7 +216,7 @@ def test_drafter_flops_are_the_steps_own_matmuls_plus_visible_pairs(qwen3_target
         loss.backward()
 
     matmuls = _matmul_flops(step)
-    shape = DrafterShape.from_config(config)
+    shape = DrafterShape.of(config)
     parts = drafter_flops_breakdown(shape, num_context_rows=blocks.layout.num_context,
                                     anchor_positions=blocks.layout.anchor_pos,
                                     num_labelled_rows=int(blocks.label_rows.shape[0]))
@@ -277,7 +277,7 @@ def _hybrid(**extra):
 
 
 def test_hybrid_layers_by_hand():
-    shape = TargetShape.from_config(_hybrid())
+    shape = TargetShape.of(_hybrid())
     assert [layer.kind for layer in shape.layers] == ["linear_attention"] * 3 + ["full_attention"]
     linear, full = shape.layers[0], shape.layers[3]
     # Gated DeltaNet: qkv 8 -> 4+4+8, z 8 -> 8, a and b 8 -> 2 each, out 8 -> 8; SwiGLU 3 x 8 x 16.
@@ -292,7 +292,7 @@ def test_hybrid_layers_by_hand():
 
 
 def test_linear_attention_is_linear_in_length_full_attention_is_not():
-    shape = TargetShape.from_config(_hybrid())
+    shape = TargetShape.of(_hybrid())
     linear_only = shape.with_layers_run(3)
     assert target_flops(linear_only, [4000], 3) == 2 * target_flops(linear_only, [2000], 3)
     assert target_flops(linear_only, [4000], 3) == target_flops(linear_only, [1000] * 4, 3)  # packing changes nothing
@@ -305,7 +305,7 @@ def test_moe_counts_the_active_experts_shared_expert_and_router():
     moe = Qwen3MoeConfig(hidden_size=8, intermediate_size=64, moe_intermediate_size=4, num_experts=6,
                          num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                          head_dim=4, vocab_size=10, mlp_only_layers=[1])
-    layers = TargetShape.from_config(moe).layers
+    layers = TargetShape.of(moe).layers
     assert layers[0].mlp_params == 2 * 3 * 8 * 4 + 8 * 6  # two experts run, plus the router
     assert layers[0].stored_mlp_params == 6 * 3 * 8 * 4 + 8 * 6  # all six sit in memory
     assert layers[1].mlp_params == 3 * 8 * 64  # a dense layer (mlp_only_layers)
@@ -314,7 +314,7 @@ def test_moe_counts_the_active_experts_shared_expert_and_router():
                                       linear_num_value_heads=2, linear_key_head_dim=4, linear_value_head_dim=4,
                                       moe_intermediate_size=4, shared_expert_intermediate_size=12, num_experts=6,
                                       num_experts_per_tok=2)
-    layer = TargetShape.from_config(hybrid_moe).layers[0]
+    layer = TargetShape.of(hybrid_moe).layers[0]
     assert layer.mlp_params == 2 * 3 * 8 * 4 + 8 * 6 + 3 * 8 * 12 + 8  # + the shared expert and its gate
 
 
@@ -324,6 +324,6 @@ def test_sliding_target_layers_are_bounded_by_the_window():
     config = Qwen3Config(hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
                          num_key_value_heads=1, head_dim=4, vocab_size=10, sliding_window=4, use_sliding_window=True,
                          layer_types=["sliding_attention", "full_attention"])
-    sliding = TargetShape.from_config(config).with_layers_run(1)
+    sliding = TargetShape.of(config).with_layers_run(1)
     weights = 2 * sliding.layers[0].token_params
     assert target_flops(sliding, [10], 1) == 10 * weights + 4 * 2 * 4 * (10 + 6 * 4)  # 1+2+3+4, then 4 each

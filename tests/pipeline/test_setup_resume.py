@@ -11,7 +11,7 @@ import pytest
 from draftline.commands.prepare import add_arguments
 from draftline.config import DataConfig, ModelConfig, TrainConfig
 from draftline.errors import DraftlineError
-from draftline.pipeline.checkpoints import resumed_batches_per_step
+from draftline.pipeline.spec import resumed_batches_per_step
 from draftline.pipeline.setup import resolve_data_dir
 
 

@@ -119,12 +119,12 @@ def check_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig,
     return check.warnings
 
 
-def released_drafter_config(path: str | Path, target_dir: str | Path,
-                            target_text: PretrainedConfig) -> tuple[PretrainedConfig, list[str]]:
+def released_drafter_config(path: str | Path, target_dir: str | Path) -> tuple[PretrainedConfig, list[str]]:
     """A released drafter's config, for a start from it (``--init-drafter``), and the warnings of its check:
-    ``check_drafter_dir``'s refusals raised, its config.json read once for both. ``target_text``: the
-    target's text config (``model.config.text_config``), already read."""
-    check = _inspect(Path(path), Path(target_dir), target_text)
+    ``check_drafter_dir``'s refusals raised, its config.json read once for both."""
+    from draftline.model.target import load_target_config
+
+    check = _inspect(Path(path), Path(target_dir), text_config(load_target_config(target_dir)))
     check.raise_if_refused()
     if check.config is None:
         raise DraftlineError(f"{Path(path) / CONFIG_NAME}: builds no drafter config ({check.config_error})")

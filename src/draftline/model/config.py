@@ -248,6 +248,27 @@ def check_matches_target(drafter: Qwen3Config, target_config: PretrainedConfig) 
         )
 
 
+def refuse_shape_flags(model: Any, drafter: Qwen3Config) -> None:
+    """A warm start from a released drafter takes the drafter's own shape: a flag of the run's ``[model]``
+    section (``draftline.config.ModelConfig``) that asks for another one is refused, not ignored."""
+    asked = {
+        "--draft-layers": (model.draft_layers, drafter.num_hidden_layers),
+        "--block-size": (model.block_size, drafter.block_size),
+        "--target-layer-ids": (model.target_layer_ids, target_layer_ids(drafter)),
+        "--mask-token-id": (model.mask_token_id, mask_token_id(drafter)),
+        "--layer-types": (model.layer_types, list(drafter.layer_types or [])),
+        "--sliding-window": (model.sliding_window, drafter.sliding_window),
+    }
+    clash = [f"{flag} {given} (the drafter has {has})" for flag, (given, has) in asked.items()
+             if given is not None and given != has]
+    if clash:
+        raise DraftlineError(
+            f"--init-drafter {model.init_drafter} fixes the drafter's shape, but " + "; ".join(clash)
+            + ": drop these flags (the drafter's own values are used), or start without --init-drafter")
+    if model.init_from_target:
+        raise DraftlineError("--init-drafter and --init-from-target both set the starting weights; pick one")
+
+
 def target_layer_ids(config: Qwen3Config) -> list[int]:
     return list(config.dflash_config["target_layer_ids"])
 

@@ -292,15 +292,6 @@ class TargetFeatures:
         return head.weight if head is not None else self.embed_weight()
 
 
-def _param_name(model: torch.nn.Module, module: torch.nn.Module | None) -> str | None:
-    if module is None:
-        return None
-    for name, candidate in model.named_modules():
-        if candidate is module:
-            return f"{name}.weight"
-    return None
-
-
 def _safetensors_index(target_dir: Path) -> dict[str, Path]:
     index_file = target_dir / "model.safetensors.index.json"
     if index_file.is_file():
@@ -313,32 +304,56 @@ def _safetensors_index(target_dir: Path) -> dict[str, Path]:
         return {name: single for name in f.keys()}
 
 
+class TargetWeights:
+    """The target's tensors read one at a time by their module names, without loading the model: a skeleton
+    of the model on the meta device gives the names, the checkpoint's safetensors files the values (under a
+    vision-language model's language model too)."""
+
+    def __init__(self, target_dir: str | Path, config: PretrainedConfig):
+        self.target_dir = Path(target_dir)
+        with torch.device("meta"), _quiet_transformers():
+            self.skeleton = AutoModelForCausalLM.from_config(config)
+        self.files = _safetensors_index(self.target_dir)
+
+    def name_of(self, module: torch.nn.Module) -> str:
+        """``module``'s name in the skeleton."""
+        for name, candidate in self.skeleton.named_modules():
+            if candidate is module:
+                return name
+        raise DraftlineError(f"{self.target_dir}: could not locate {type(module).__name__} in the target by name")
+
+    def has(self, name: str) -> bool:
+        """Whether the skeleton has a parameter of this name."""
+        try:
+            self.skeleton.get_parameter(name)
+        except AttributeError:
+            return False
+        return True
+
+    def read(self, name: str) -> torch.Tensor | None:
+        """The stored tensor of parameter ``name`` (its dtype as stored), or None where the checkpoint lacks it."""
+        stored = _stored_name(name, self.files)
+        if stored is None:
+            return None
+        with safe_open(self.files[stored], framework="pt", device="cpu") as f:
+            return f.get_tensor(stored)
+
+
 def load_embedding_and_head(
     target_dir: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
     config: PretrainedConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's input embedding [V, H] and LM head [V, H], read without loading the model; ``config``: the
     target's config already read (else read here)."""
-    target_dir = Path(target_dir)
-    config = config if config is not None else load_target_config(target_dir)
-    with torch.device("meta"), _quiet_transformers():
-        skeleton = AutoModelForCausalLM.from_config(config)
-    embed_name = _param_name(skeleton, skeleton.get_input_embeddings())
-    head_name = _param_name(skeleton, skeleton.get_output_embeddings())
-    files = _safetensors_index(target_dir)
-
-    def read(name: str) -> torch.Tensor:
-        with safe_open(files[name], framework="pt", device="cpu") as f:
-            tensor = f.get_tensor(name)
-        return tensor.to(device=device, dtype=dtype or tensor.dtype)
-
-    embed_file_name = _stored_name(embed_name, files)
-    if embed_file_name is None:
+    weights = TargetWeights(target_dir, config if config is not None else load_target_config(target_dir))
+    embed_name = f"{weights.name_of(weights.skeleton.get_input_embeddings())}.weight"
+    embed = weights.read(embed_name)
+    if embed is None:
         raise DraftlineError(f"{target_dir}: the checkpoint has no {embed_name} (nor a vision-language model's copy)")
-    embed = read(embed_file_name)
-    head_file_name = _stored_name(head_name, files) if head_name else None
-    head = read(head_file_name) if head_file_name else embed  # tied embeddings
-    return embed, head
+    output = weights.skeleton.get_output_embeddings()
+    head = weights.read(f"{weights.name_of(output)}.weight") if output is not None else None
+    embed = embed.to(device=device, dtype=dtype or embed.dtype)
+    return embed, embed if head is None else head.to(device=device, dtype=dtype or head.dtype)  # None: tied
 
 
 def _stored_name(name: str, files: dict[str, Path]) -> str | None:

@@ -20,12 +20,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers import PretrainedConfig
 
 from draftline.errors import DraftlineError
 from draftline.model.drafter import DFlashDrafter
-from draftline.model.target import _quiet_transformers, _safetensors_index, _stored_name
+from draftline.model.target import TargetWeights
 
 # RMSNorm classes that scale by ``1 + weight`` (the stored weight is centred on zero).
 _ZERO_CENTRED_NORMS = ("Qwen3_5", "Qwen3Next", "Gemma")
@@ -36,47 +35,27 @@ def _zero_centred(module: torch.nn.Module) -> bool:
     return "RMSNorm" in name and name.startswith(_ZERO_CENTRED_NORMS)
 
 
-def _has(root: torch.nn.Module, name: str) -> bool:
-    try:
-        root.get_parameter(name)
-    except AttributeError:
-        return False
-    return True
-
-
-def _module_name(root: torch.nn.Module, module: torch.nn.Module) -> str:
-    for name, candidate in root.named_modules():
-        if candidate is module:
-            return name
-    raise DraftlineError("could not locate the target's decoder layers by name")
-
-
 @torch.no_grad()
 def init_from_target(drafter: DFlashDrafter, target_dir: str | Path, config: PretrainedConfig) -> list[str]:
     """Copy the target's top layers and final norm into ``drafter``; returns what was copied. ``config``: the
     target's config as its directory holds it (``load_target_config``), read once by the caller."""
-    target_dir = Path(target_dir)
-    with torch.device("meta"), _quiet_transformers():
-        skeleton = AutoModelForCausalLM.from_config(config)
-    decoder = skeleton.get_decoder()
+    weights = TargetWeights(target_dir, config)
+    decoder = weights.skeleton.get_decoder()
     num_target = len(decoder.layers)
     num_draft = len(drafter.layers)
     if num_draft > num_target:
         raise DraftlineError(f"the drafter has {num_draft} layers, the target only {num_target}: cannot copy its top layers")
-    files = _safetensors_index(target_dir)
     copied = []
 
     def read(name: str) -> torch.Tensor | None:
-        stored = _stored_name(name, files)
-        if stored is None:
+        tensor = weights.read(name) if weights.has(name) else None
+        if tensor is None:
             return None
-        with safe_open(files[stored], framework="pt", device="cpu") as f:
-            tensor = f.get_tensor(stored)
-        owner = skeleton.get_submodule(name.rsplit(".", 1)[0])
+        owner = weights.skeleton.get_submodule(name.rsplit(".", 1)[0])
         return tensor.float() + 1.0 if _zero_centred(owner) else tensor
 
     for i, layer in enumerate(drafter.layers):
-        source = _module_name(skeleton, decoder.layers[num_target - num_draft + i])
+        source = weights.name_of(decoder.layers[num_target - num_draft + i])
         # A part starts from the target only whole: an attention block with one tensor of another shape (another
         # head shape) keeps its fresh init; what the target lacks (a Llama's q/k norms, the attention of a Gated
         # DeltaNet layer) stays fresh too.
@@ -84,7 +63,7 @@ def init_from_target(drafter: DFlashDrafter, target_dir: str | Path, config: Pre
             values = {}
             for name, param in part.named_parameters():
                 full = f"{source}.{part_name}.{name}"
-                value = read(full) if _has(skeleton, full) else None
+                value = read(full)
                 if value is not None and tuple(value.shape) != tuple(param.shape):
                     values = {}
                     break
@@ -93,7 +72,7 @@ def init_from_target(drafter: DFlashDrafter, target_dir: str | Path, config: Pre
             for name, value in values.items():
                 part.get_parameter(name).copy_(value.to(part.get_parameter(name).dtype))
                 copied.append(f"layers.{i}.{part_name}.{name} <- {source}.{part_name}.{name}")
-    norm = read(f"{_module_name(skeleton, decoder.norm)}.weight")
+    norm = read(f"{weights.name_of(decoder.norm)}.weight")
     if norm is not None and norm.shape == drafter.norm.weight.shape:
         drafter.norm.weight.copy_(norm.to(drafter.norm.weight.dtype))
         copied.append("norm")

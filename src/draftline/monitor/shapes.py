@@ -70,7 +70,7 @@ class DecoderShape:
         return len(self.layers)
 
     @classmethod
-    def from_config(cls, config: Any) -> "DecoderShape":
+    def of(cls, config: Any) -> "DecoderShape":
         """From a Hugging Face config (a multimodal one: its text part)."""
         text = text_config(config)
         types = _layer_types(text)
@@ -112,9 +112,9 @@ class DrafterShape(DecoderShape):
     """Target layers run for soft labels (``--distill``: all of them); 0 = features only."""
 
     @classmethod
-    def from_config(cls, config: Any) -> "DrafterShape":
+    def of(cls, config: Any) -> "DrafterShape":
         """From the drafter's Qwen3Config (``dflash_config.target_layer_ids``, ``block_size``)."""
-        base = DecoderShape.from_config(config)
+        base = DecoderShape.of(config)
         return cls(base.hidden_size, base.vocab_size, base.layers,
                    target_layer_ids=tuple(int(i) for i in config.dflash_config["target_layer_ids"]),
                    block_size=int(getattr(config, "block_size", 16)))

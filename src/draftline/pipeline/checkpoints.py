@@ -89,27 +89,3 @@ def resume(spec: RunSpec, worker: DrafterWorker, group: DrafterGroup) -> dict:
         raise DraftlineError(f"{spec.checkpoint}: holds step {state.step} (next batch {state.next_seq}), the run "
                              f"expected step {spec.start_step} (next batch {spec.start_seq})")
     return state.counters
-
-
-def resumed_batches_per_step(checkpoint: str, saved: int | None, balance_saved: bool | None, fresh: int,
-                             balance_now: bool, num_drafters: int, checkpoint_drafters: int | None) -> tuple[int, str | None]:
-    """The batches per optimizer step a resume keeps (the checkpoint's), and a line saying so when the number
-    of drafters changed; refuses a checkpoint whose batch order the config would not continue."""
-    per_step = saved or fresh
-    balanced_then = bool(balance_saved)  # absent: written before data.balance_steps (the plain order)
-    if per_step > 1 and balanced_then != balance_now:
-        then = "balanced steps" if balanced_then else "the plain order" + ("" if balance_saved is not None else
-                                                                            " (written before data.balance_steps)")
-        fix = "without --no-balance-steps" if balanced_then else "with --no-balance-steps"
-        raise DraftlineError(
-            f"{checkpoint}: its run ordered the batches with {then}, this run would use "
-            f"{'balanced steps' if balance_now else 'the plain order'}: resume {fix} so the data continues "
-            "where it stopped")
-    note = None
-    if checkpoint_drafters is not None and checkpoint_drafters != num_drafters:
-        note = (f"written by {checkpoint_drafters} drafter(s), resumed on {num_drafters}: a step keeps its "
-                f"{per_step} batch(es), {per_step / num_drafters:g} per drafter")
-    elif per_step != fresh:
-        note = (f"the checkpoint's optimizer step has {per_step} batch(es) (this config alone would give {fresh}): "
-                "kept, so the data continues where it stopped")
-    return per_step, note

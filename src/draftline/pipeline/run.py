@@ -28,18 +28,15 @@ from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
 from draftline.monitor.loggers import NullLogger
 from draftline.pipeline import rundir
-from draftline.pipeline.checkpoints import resumed_batches_per_step
 from draftline.pipeline.failure import FailureContext, fail
 from draftline.pipeline.health import Health, local_rank_info
 from draftline.pipeline.line import Line
 from draftline.pipeline.plan import target_share
-from draftline.pipeline.roles import COLOCATED, Role, assign_roles, split
-from draftline.pipeline.setup import RunSetup, agree_on_setup, join_job
+from draftline.pipeline.roles import COLOCATED, assign_roles, split
+from draftline.pipeline.setup import agree_on_setup, join_job
 from draftline.pipeline.shard import make_drafter_group, replicates
 from draftline.pipeline.signals import StopSignals
-from draftline.pipeline.spec import (
-    DistEnv, ModelSpec, RunSpec, compute_dtype, default_batches_per_step, pick_device, plan_data,
-)
+from draftline.pipeline.spec import DistEnv, ModelSpec, pick_device, resolve_run
 
 
 def run_training(config: TrainConfig) -> int:
@@ -61,13 +58,13 @@ def run_training(config: TrainConfig) -> int:
     role = assign_roles(env.world_size, num_targets, num_drafters, colocated=t.colocated)[env.rank]
     health = Health(local_rank_info(env.rank, role.kind, device), store, env.world_size, timeout_s=t.failure_timeout_s)
     health.shared_process = role.kind == COLOCATED
+    health.start()
     # Every rank creates the drafters' groups (a collective call), before anything can fail.
     group = make_drafter_group(role.drafter_ranks, role.index, device, health, env.world_size,
                                replicate=replicates(t.drafter_state, device))
     signals = StopSignals()
 
     # ---- setup, build and run
-    health.start()
     line: Line | None = None
     code = 0
     cut_short = False  # the line ended by an exception, a clean "the drafters ended the run" too
@@ -104,22 +101,3 @@ def run_training(config: TrainConfig) -> int:
             os._exit(code)
         dist.destroy_process_group()
     return code
-
-
-def resolve_run(config: TrainConfig, model: ModelSpec, role: Role, env: DistEnv, device, setup: RunSetup
-                ) -> tuple[RunSpec, str | None]:
-    """This rank's ``RunSpec`` once rank 0 decided the start; and, on a resume, a line about what it keeps."""
-    if config.engine.max_query_rows < model.block_size:
-        raise DraftlineError(f"engine.max_query_rows={config.engine.max_query_rows} must hold at least one block "
-                             f"({model.block_size} rows)")
-    dtype = compute_dtype(config, device)
-    fresh = default_batches_per_step(config, role.num_drafters)
-    per_step, note = fresh, None
-    if setup.checkpoint:
-        per_step, note = resumed_batches_per_step(setup.checkpoint, setup.batches_per_step, setup.balance_steps, fresh,
-                                                  config.data.balance_steps, role.num_drafters,
-                                                  setup.checkpoint_drafters)
-    data = plan_data(config, Path(setup.data_dir), per_step)
-    spec = RunSpec(config, model, role, device, dtype, env, setup.mode, setup.checkpoint,
-                   setup.start_step, per_step, data.total_steps, data)
-    return spec, note

@@ -71,11 +71,11 @@ def resolve_data_dir(config: TrainConfig) -> Path:
 
 
 def decide_setup(config: TrainConfig) -> RunSetup:
-    """Rank 0's part: fresh or resume, the run directory, the dataset, the checkpoint's step and batches per step."""
+    """Rank 0's part: the dataset, fresh or resume, the run directory, the checkpoint's step and batches per step."""
+    data_dir = resolve_data_dir(config)  # an unprepared dataset is refused before the run directory is touched
     rundir.acquire_run_lock(config.out)  # one live run per directory: refused here, named, if another owns it
     decision = rundir.decide_start(config)
     rundir.prepare_run_dir(config, decision)
-    data_dir = resolve_data_dir(config)
     checkpoint = decision.checkpoint
     if checkpoint is None:
         return RunSetup(decision.mode, None, 0, str(data_dir))

@@ -18,6 +18,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PretrainedConfig, Qwen3Config
@@ -26,9 +27,14 @@ from draftline.config import TrainConfig
 from draftline.data.batcher import BatchSchedule, TokenBudgetBatcher
 from draftline.data.dataset import TokenDataset
 from draftline.errors import DraftlineError
-from draftline.model.config import DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, build_drafter_config, text_config
+from draftline.model.config import (
+    DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, build_drafter_config, refuse_shape_flags, text_config,
+)
 from draftline.monitor.shapes import DrafterShape, TargetShape
 from draftline.pipeline.roles import COLOCATED, Role
+
+if TYPE_CHECKING:
+    from draftline.pipeline.setup import RunSetup
 
 INIT_TARGET, INIT_RANDOM, INIT_DRAFTER = "target", "random", "drafter"
 
@@ -39,9 +45,10 @@ class ModelSpec:
 
     target: str
     """The target's directory ("" when built from a config alone: benchmarks, tests)."""
-    target_config: PretrainedConfig | None
-    """The target's text config (the language model of a vision-language checkpoint); None for a drafter
-    benchmarked alone."""
+    target_file_config: PretrainedConfig | None
+    """The target's config as its directory holds it (a vision-language checkpoint's whole config): what
+    loading its weights starts from (the target's builders copy it before they change it); None for a
+    drafter benchmarked alone."""
     drafter_config: Qwen3Config
     target_shape: TargetShape | None
     drafter_shape: DrafterShape
@@ -52,9 +59,11 @@ class ModelSpec:
     """How the drafter starts: from the target's layers, random, or from a released drafter."""
     init_source: str | None = None
     """The released drafter's directory (``init == "drafter"``)."""
-    target_file_config: PretrainedConfig | None = None
-    """The target's config as its directory holds it (a vision-language checkpoint's whole config): what
-    loading its weights starts from (the target's builders copy it before they change it)."""
+
+    @property
+    def target_config(self) -> PretrainedConfig | None:
+        """The target's text config (the language model of a vision-language checkpoint)."""
+        return text_config(self.target_file_config) if self.target_file_config is not None else None
 
     @property
     def layer_ids(self) -> tuple[int, ...]:
@@ -96,12 +105,11 @@ class ModelSpec:
     def from_configs(cls, target_config: PretrainedConfig | None, drafter_config: Qwen3Config, *, target: str = "",
                      distill: bool = False, init: str = INIT_RANDOM, init_source: str | None = None) -> "ModelSpec":
         """From the configs themselves (no files read); ``target_config`` None: a drafter benchmarked alone."""
-        target_shape = TargetShape.from_config(target_config) if target_config is not None else None
-        drafter_shape = DrafterShape.from_config(drafter_config)
+        target_shape = TargetShape.of(target_config) if target_config is not None else None
+        drafter_shape = DrafterShape.of(drafter_config)
         if distill:
             drafter_shape = dataclasses.replace(drafter_shape, teacher_layers=target_shape.num_layers)
-        text = text_config(target_config) if target_config is not None else None
-        return cls(target, text, drafter_config, target_shape, drafter_shape, distill, init, init_source, target_config)
+        return cls(target, target_config, drafter_config, target_shape, drafter_shape, distill, init, init_source)
 
     @classmethod
     def resolve(cls, config: TrainConfig) -> "ModelSpec":
@@ -109,52 +117,33 @@ class ModelSpec:
         from draftline.model.target import load_target_config
 
         m = config.model
-        target_config = load_target_config(m.target)
-        text = text_config(target_config)
         distill = config.optim.distill > 0
+        released = None
         if m.init_drafter:
             from draftline.checkpoint.serving import released_drafter_config
 
-            # A drafter for another target, or one an engine would load differently, is refused now (each
+            # A drafter for another target, or one an engine would load differently, is refused first (each
             # field named with its fix), not at export.
-            drafter_config, warnings = released_drafter_config(m.init_drafter, m.target, text)
+            released, warnings = released_drafter_config(m.init_drafter, m.target)
             for warning in warnings:
                 print(f"draftline: warning: --init-drafter {m.init_drafter}: {warning}", flush=True)
-            _refuse_shape_flags(config, drafter_config)
-            return cls.from_configs(target_config, drafter_config, target=m.target, distill=distill,
-                                    init=INIT_DRAFTER, init_source=m.init_drafter)
-        drafter_config = build_drafter_config(
-            target_config,
-            num_hidden_layers=m.draft_layers or DEFAULT_DRAFT_LAYERS,
-            block_size=m.block_size or DEFAULT_BLOCK_SIZE,
-            mask_token_id=m.mask_token_id,
-            target_layer_ids=m.target_layer_ids,
-            layer_types=m.layer_types,
-            sliding_window=m.sliding_window,
-        )
-        init = INIT_RANDOM if m.init_from_target is False else INIT_TARGET
-        return cls.from_configs(target_config, drafter_config, target=m.target, distill=distill, init=init)
-
-
-def _refuse_shape_flags(config: TrainConfig, drafter: Qwen3Config) -> None:
-    """A warm start takes the drafter's own shape: a flag that asks for another one is refused, not ignored."""
-    m = config.model
-    asked = {
-        "--draft-layers": (m.draft_layers, drafter.num_hidden_layers),
-        "--block-size": (m.block_size, drafter.block_size),
-        "--target-layer-ids": (m.target_layer_ids, list(drafter.dflash_config["target_layer_ids"])),
-        "--mask-token-id": (m.mask_token_id, drafter.dflash_config["mask_token_id"]),
-        "--layer-types": (m.layer_types, list(drafter.layer_types or [])),
-        "--sliding-window": (m.sliding_window, drafter.sliding_window),
-    }
-    clash = [f"{flag} {given} (the drafter has {has})" for flag, (given, has) in asked.items()
-             if given is not None and given != has]
-    if clash:
-        raise DraftlineError(
-            f"--init-drafter {m.init_drafter} fixes the drafter's shape, but " + "; ".join(clash)
-            + ": drop these flags (the drafter's own values are used), or start without --init-drafter")
-    if m.init_from_target:
-        raise DraftlineError("--init-drafter and --init-from-target both set the starting weights; pick one")
+        target_config = load_target_config(m.target)  # parsed once: the check above read it through the same cache
+        if released is not None:
+            refuse_shape_flags(m, released)
+            drafter_config, init, source = released, INIT_DRAFTER, m.init_drafter
+        else:
+            drafter_config = build_drafter_config(
+                target_config,
+                num_hidden_layers=m.draft_layers or DEFAULT_DRAFT_LAYERS,
+                block_size=m.block_size or DEFAULT_BLOCK_SIZE,
+                mask_token_id=m.mask_token_id,
+                target_layer_ids=m.target_layer_ids,
+                layer_types=m.layer_types,
+                sliding_window=m.sliding_window,
+            )
+            init, source = INIT_RANDOM if m.init_from_target is False else INIT_TARGET, None
+        return cls.from_configs(target_config, drafter_config, target=m.target, distill=distill, init=init,
+                                init_source=source)
 
 
 # ------------------------------------------------------------------------------------------ the data
@@ -186,11 +175,12 @@ def plan_data(config: TrainConfig, data_dir: Path, batches_per_step: int) -> Dat
             f"raise --token-budget to at least {longest} or prepare the data with --max-length {config.data.token_budget}"
         )
     balanced = config.data.balance_steps and batches_per_step > 1
+    anchor_positions = dataset.anchor_positions() if balanced else None
     batcher = TokenBudgetBatcher(
         dataset.lengths, config.data.token_budget, config.data.max_batch_size,
         seed=config.data.seed, sort_window=config.data.sort_window,
         step_batches=batches_per_step if config.data.balance_steps else 1, max_anchors=config.data.max_anchors,
-        anchor_positions=dataset.anchor_positions() if balanced else None,
+        anchor_positions=anchor_positions,
     )
     schedule = BatchSchedule(batcher, config.data.epochs)
     total = schedule.steps(batches_per_step, config.optim.max_steps)
@@ -300,3 +290,46 @@ def default_batches_per_step(config: TrainConfig, num_drafters: int) -> int:
         batches = max(1, math.ceil(config.optim.global_batch_tokens / config.data.token_budget))
         return -(-batches // num_drafters) * num_drafters
     return config.optim.grad_accum * num_drafters
+
+
+def resumed_batches_per_step(checkpoint: str, saved: int | None, balance_saved: bool | None, fresh: int,
+                             balance_now: bool, num_drafters: int, checkpoint_drafters: int | None) -> tuple[int, str | None]:
+    """The batches per optimizer step a resume keeps (the checkpoint's), and a line saying so when the number
+    of drafters changed; refuses a checkpoint whose batch order the config would not continue."""
+    per_step = saved or fresh
+    balanced_then = bool(balance_saved)  # absent: written before data.balance_steps (the plain order)
+    if per_step > 1 and balanced_then != balance_now:
+        then = "balanced steps" if balanced_then else "the plain order" + ("" if balance_saved is not None else
+                                                                            " (written before data.balance_steps)")
+        fix = "without --no-balance-steps" if balanced_then else "with --no-balance-steps"
+        raise DraftlineError(
+            f"{checkpoint}: its run ordered the batches with {then}, this run would use "
+            f"{'balanced steps' if balance_now else 'the plain order'}: resume {fix} so the data continues "
+            "where it stopped")
+    note = None
+    if checkpoint_drafters is not None and checkpoint_drafters != num_drafters:
+        note = (f"written by {checkpoint_drafters} drafter(s), resumed on {num_drafters}: a step keeps its "
+                f"{per_step} batch(es), {per_step / num_drafters:g} per drafter")
+    elif per_step != fresh:
+        note = (f"the checkpoint's optimizer step has {per_step} batch(es) (this config alone would give {fresh}): "
+                "kept, so the data continues where it stopped")
+    return per_step, note
+
+
+def resolve_run(config: TrainConfig, model: ModelSpec, role: Role, env: DistEnv, device, setup: RunSetup
+                ) -> tuple[RunSpec, str | None]:
+    """This rank's ``RunSpec`` once rank 0 decided the start; and, on a resume, a line about what it keeps."""
+    if config.engine.max_query_rows < model.block_size:
+        raise DraftlineError(f"engine.max_query_rows={config.engine.max_query_rows} must hold at least one block "
+                             f"({model.block_size} rows)")
+    dtype = compute_dtype(config, device)
+    fresh = default_batches_per_step(config, role.num_drafters)
+    per_step, note = fresh, None
+    if setup.checkpoint:
+        per_step, note = resumed_batches_per_step(setup.checkpoint, setup.batches_per_step, setup.balance_steps, fresh,
+                                                  config.data.balance_steps, role.num_drafters,
+                                                  setup.checkpoint_drafters)
+    data = plan_data(config, Path(setup.data_dir), per_step)
+    spec = RunSpec(config, model, role, device, dtype, env, setup.mode, setup.checkpoint,
+                   setup.start_step, per_step, data.total_steps, data)
+    return spec, note
