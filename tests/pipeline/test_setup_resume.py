@@ -12,7 +12,7 @@ from draftline.commands.prepare import add_arguments
 from draftline.config import DataConfig, ModelConfig, TrainConfig
 from draftline.errors import DraftlineError
 from draftline.pipeline.spec import resumed_batches_per_step
-from draftline.pipeline.setup import resolve_data_dir
+from draftline.pipeline.setup import decide_setup, resolve_data_dir
 
 
 def _config(tmp_path, data) -> TrainConfig:
@@ -41,6 +41,14 @@ def test_unprepared_input_is_refused_with_the_prepare_command(tmp_path):
     args = parser.parse_args(command[2:])
     assert args.input == [str(chats)] and str(args.out) == str(tmp_path / "run" / "data")
     assert args.max_length == 2048
+
+
+def test_rank_zero_refuses_unprepared_input_before_it_locks_or_makes_the_run_directory(tmp_path):
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    with pytest.raises(DraftlineError, match="is not a prepared dataset"):
+        decide_setup(_config(tmp_path, [chats]))
+    assert not (tmp_path / "run").exists()  # no lock, no run directory left behind by a refused start
 
 
 @pytest.mark.parametrize("saved, now, refused", [
