@@ -2,10 +2,11 @@
 # Runs the demo as `make demo` would after a 2.5-minute set-up, on two cores at a time of a larger CPU
 # host (the GPU hidden), on the fastest of its core pairs: each pair's probe first, then N demos at once.
 #   bash bench/demo_pairs.sh OUT [N=2] [PAIRS="0,1 2,3 4,5 6,7 8,9 10,11 12,13 14,15"]
+# A PYTHONPATH set before is kept after src (a sitecustomize.py there can, e.g., point sysconfig at another stdlib).
 set -euo pipefail
 out=$1; n=${2:-2}; pairs=${3:-"0,1 2,3 4,5 6,7 8,9 10,11 12,13 14,15"}
 mkdir -p "$out"
-export CUDA_VISIBLE_DEVICES= PYTHONPATH=src
+export CUDA_VISIBLE_DEVICES= PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
 lscpu | grep -E 'Model name|^CPU\(s\)|Socket|NUMA node' > "$out/lscpu.txt" || true
 probe='from pathlib import Path; from draftline.demo.sizing import measure_speed; print(measure_speed(Path("src/draftline/demo/assets/tiny-target")))'
 for p in $pairs; do
