@@ -9,7 +9,8 @@ import pytest
 from draftline.demo.pipeline import TARGET
 from draftline.demo.sizing import (
     FEWEST_STEPS, HEAD, REGENERATE_PER_CONVERSATION, STEPS_PER_CONVERSATION, TRAIN_PER_STEP, measure_speed,
-    predicted_minutes, size_demo, steps_after_data, steps_that_fit, tail_seconds, training_limit_s, with_conversations,
+    predicted_minutes, size_demo, speed_now, steps_after_data, steps_that_fit, tail_seconds, training_limit_s,
+    with_conversations,
 )
 
 
@@ -94,3 +95,23 @@ def test_fewer_conversations_regenerated_than_planned_lower_the_most_steps_not_t
     assert steps == min(fewer.most_steps, steps_that_fit(probe, left))  # the time left decides, within the epochs
     few = with_conversations(size, 32, epochs=10)  # so few that every epoch is fewer than the floor of steps
     assert few.most_steps < FEWEST_STEPS and steps_after_data(few, 0.5, 1.0) == few.most_steps
+
+
+def test_the_probe_taken_again_is_read_a_third_time_only_where_it_disagrees_and_the_median_decides():
+    def readings(*values):
+        it = iter(values)
+        calls = []
+
+        def measure():
+            calls.append(1)
+            return next(it)
+        return measure, calls
+
+    measure, calls = readings(0.60)
+    assert speed_now(0.57, measure) == 0.60 and len(calls) == 1  # within a tenth: the reading now
+    measure, calls = readings(0.656, 0.55)
+    assert speed_now(0.572, measure) == 0.572 and len(calls) == 2  # one slow reading outvoted
+    measure, calls = readings(0.80, 0.82)
+    assert speed_now(0.55, measure) == 0.80  # a machine that slowed down reads slow twice
+    measure, calls = readings(0.45, 0.46)
+    assert speed_now(0.59, measure) == 0.46  # and one that sped up, fast twice

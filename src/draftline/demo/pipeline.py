@@ -25,8 +25,8 @@ from pathlib import Path
 
 from draftline.cores import usable_cores
 from draftline.demo.sizing import (
-    TRAIN_PER_STEP, DemoSize, measure_speed, regeneration_minutes, size_demo, steps_after_data, tail_seconds,
-    training_limit_s, with_conversations,
+    TRAIN_PER_STEP, DemoSize, measure_speed, regeneration_minutes, size_demo, speed_now, steps_after_data,
+    tail_seconds, training_limit_s, with_conversations,
 )
 
 ASSETS = Path(__file__).parent / "assets"
@@ -226,7 +226,7 @@ def run_demo(cfg: DemoConfig) -> dict:
         if made < size.conversations:
             print(f"  {made} of {size.conversations} conversations regenerated in the time planned for them", flush=True)
         size = with_conversations(size, made, cfg.epochs)
-        probe_now = measure_speed(TARGET)
+        probe_now = speed_now(size.probe_s, lambda: measure_speed(TARGET))
         left = deadline - time.time()
         max_steps = steps_after_data(size, probe_now, left)
         max_minutes = training_limit_s(probe_now, left, max_steps) / 60

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -140,6 +141,23 @@ def training_limit_s(probe_s: float, seconds_left: float, steps: int) -> float:
     tail, so that a machine slower than its probe still ends in time (its last steps are cut), and never
     less than ``steps`` (at most ``FEWEST_STEPS`` of them) take at the probe's speed."""
     return max(seconds_left - tail_seconds(probe_s), probe_s * TRAIN_PER_STEP * min(steps, FEWEST_STEPS))
+
+
+PROBES_DISAGREE = 0.10
+"""Past this fraction apart, the probe taken again is read a third time (``speed_now``)."""
+
+
+def speed_now(first_s: float, measure: Callable[[], float]) -> float:
+    """The machine's probe once the data is made: ``measure()`` again, and where it reads more than a
+    tenth (``PROBES_DISAGREE``) off the first reading, once more and the median of the three. One
+    reading disturbed by a burst of other work does not set the training's length (two demos on one
+    machine: a pair read 0.572 s, then 0.656 s, trained at the first one's speed and ended 1.2 minutes
+    early: docs/PERF_NOTES.md, "The demo's corpus is this Python's"), while a machine that really
+    slowed down, or sped up, reads so twice."""
+    now = measure()
+    if abs(now - first_s) <= PROBES_DISAGREE * first_s:
+        return now
+    return statistics.median([first_s, now, measure()])
 
 
 def steps_after_data(size: DemoSize, probe_s: float, seconds_left: float) -> int:
