@@ -46,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--batch-size", type=int, default=16, metavar="CONVERSATIONS",
                        help="locally: conversations per batched generate call; lower it if generation runs out "
                             "of memory (default 16)")
+    where.add_argument("--workers", type=int, default=1, metavar="PROCESSES",
+                       help="locally: processes generating at once, each on its own GPU (cuda:0, cuda:1, ...) or, "
+                            "without GPUs, on its share of the CPU cores; on a CPU a small target decodes about "
+                            "1.6x faster on 2 processes than on one with 2 threads (default 1)")
     gen = parser.add_argument_group("generation")
     gen.add_argument("--max-new-tokens", type=int, default=2048, metavar="TOKENS",
                      help="the longest reply, in tokens; a longer one is cut there (default 2048)")
@@ -62,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
     thinking = _THINKING.get(args.thinking)
     if args.max_minutes is not None and not args.max_minutes > 0:
         raise DraftlineError(f"--max-minutes must be > 0, got {args.max_minutes}")
+    if args.workers < 1:
+        raise DraftlineError(f"--workers must be >= 1, got {args.workers}")
+    if args.endpoint and args.workers > 1:
+        raise DraftlineError("--workers is for local generation; with --endpoint the server batches the requests "
+                             "(raise --concurrency instead)")
     if args.endpoint:
         from draftline.data.generate import EndpointGenerator
 
@@ -75,11 +84,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.target is None:
             raise DraftlineError("--target DIR is required for local generation (or pass --endpoint URL)")
-        from draftline.data.generate import LocalGenerator
+        options = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                   "batch_size": args.batch_size, "thinking": thinking, "seed": args.seed}
+        if args.workers > 1:
+            from draftline.data.generate_pool import GeneratorPool
 
-        generator = LocalGenerator(args.target, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                   batch_size=args.batch_size, thinking=thinking, seed=args.seed)
-        group_size = args.batch_size
+            generator = GeneratorPool(args.target, args.workers, **options)
+        else:
+            from draftline.data.generate import LocalGenerator
+
+            generator = LocalGenerator(args.target, **options)
+        group_size = args.batch_size * args.workers
         print(f"regenerating with {args.target} on {generator.device} (batch {args.batch_size})")
     try:
         stats = regenerate(args.input, args.out, generator, group_size=group_size, limit=args.limit,
