@@ -98,7 +98,9 @@ def test_stopped_on_two_drafters_resumed_elsewhere_ends_like_the_run_that_never_
     two = [*_args(qwen3_target, line_data, out, grad_accum=3, save_every=1000), "--gpus", "2", "--colocated",
            "--drafter-state", stopped_state]
     proc = start(two)
-    wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 2, 180, "2 steps", proc)
+    # Step 1's record is written during step 2 (one step late): stopped then, the run ends at step 2 or later,
+    # before its last (6), also on a loaded machine (stopped after 2 records, one run reached step 6 first).
+    wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 1, 180, "1 step", proc)
     ranks = [json.loads(p.read_text()) for p in sorted((out / "ranks").glob("rank-*.json"))]
     os.kill(next(r for r in ranks if r["role_index"] == 1)["pid"], signal.SIGINT)  # one drafter: all agree on the step
     out_text, err_text = proc.communicate(timeout=180)

@@ -48,8 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "of memory (default 16)")
     where.add_argument("--workers", type=int, default=1, metavar="PROCESSES",
                        help="locally: processes generating at once, each on its own GPU (cuda:0, cuda:1, ...) or, "
-                            "without GPUs, on its share of the CPU cores; on a CPU a small target decodes about "
-                            "1.6x faster on 2 processes than on one with 2 threads (default 1)")
+                            "without GPUs, on its share of the CPU cores; for several GPUs: on a CPU one process's "
+                            "threads did as well or better (default 1)")
     gen = parser.add_argument_group("generation")
     gen.add_argument("--max-new-tokens", type=int, default=2048, metavar="TOKENS",
                      help="the longest reply, in tokens; a longer one is cut there (default 2048)")

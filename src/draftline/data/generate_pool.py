@@ -1,8 +1,9 @@
 """The target's local generation on several processes (``draftline regenerate --workers N``).
 
 Each worker is a ``LocalGenerator`` in its own process: on its own GPU (``cuda:k``), or on CPU with its
-share of the cores. Decoding a small model on a CPU is mostly Python per token, so one process uses a
-core well and a second thread adds little (docs/PERF_NOTES.md, "Regeneration on every core").
+share of the cores. It is for several GPUs: on two CPU cores, one process's two threads decoded the
+demo's target as fast (an AMD EPYC) or faster (an Intel Xeon: 1.3x) than two processes of one thread
+(docs/PERF_NOTES.md, "Regeneration on several processes").
 
 ``complete`` cuts its conversations into consecutive chunks of ``batch_size``, one per worker, and
 returns the replies in their order: with groups of ``batch_size x workers`` the batches are the ones

@@ -179,14 +179,6 @@ def eval_args(cfg: DemoConfig, run_dir: Path, eval_json: Path) -> list[str]:
             "--block-size", str(cfg.block_size), "--json", str(eval_json)]
 
 
-def regeneration_workers(cfg: DemoConfig) -> int:
-    """Processes of the regeneration: as many as the training's on a CPU (decoding the tiny target is
-    Python more than matrix work: 2 processes of one thread beat one of two threads 1.6x); one on a GPU."""
-    import torch
-
-    return 1 if torch.cuda.is_available() else max(1, min(cfg.gpus, usable_cores()))
-
-
 def make_data(cfg: DemoConfig, out: Path, stages: Stages, regenerate_minutes: float | None = None) -> tuple[Path, int]:
     """Stages 1-3: conversations, the target's own replies (in at most ``regenerate_minutes``), the packed
     dataset; returns its directory and the number of conversations regenerated."""
@@ -202,10 +194,8 @@ def make_data(cfg: DemoConfig, out: Path, stages: Stages, regenerate_minutes: fl
     stages.header("regenerate", "the target answers the prompts itself (the drafter learns to predict the target)")
     regenerated = out / "regenerated.jsonl"
     limit = ["--max-minutes", f"{regenerate_minutes:.2f}"] if regenerate_minutes else []
-    workers = regeneration_workers(cfg)
     stages.command(["regenerate", "--target", str(TARGET), "--input", str(convs_path), "--out", str(regenerated),
-                    "--max-new-tokens", str(cfg.max_new_tokens), "--batch-size", "32", "--workers", str(workers), *limit],
-                   processes=workers)
+                    "--max-new-tokens", str(cfg.max_new_tokens), "--batch-size", "32", *limit])
     stages.finish("regenerate")
     with open(regenerated, encoding="utf-8") as f:
         made = sum(1 for _ in f)
