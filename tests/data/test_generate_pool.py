@@ -3,6 +3,9 @@
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -78,3 +81,23 @@ def test_the_command_refuses_a_wrong_worker_count(tmp_path, write_jsonl, convers
     code = main(["regenerate", "--input", source, "--out", str(tmp_path / "out.jsonl"), *extra])
     assert code != 0 and message in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_ctrl_c_of_a_run_on_two_workers_ends_with_the_continue_message(chat_target, tmp_path, conversation,
+                                                                        write_jsonl):
+    """Ctrl-C in a terminal reaches the command and its workers at once: the command's own message and exit
+    code 130, no traceback, the records already written kept."""
+    source = write_jsonl(tmp_path / "in.jsonl", [conversation(i) for i in range(400)])
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "draftline", "regenerate", "--target", str(chat_target),
+                             "--input", source, "--out", str(out), "--batch-size", "2", "--max-new-tokens", "16",
+                             "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while not (out.exists() and out.stat().st_size > 0) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stdout + stderr
+    assert "interrupted; finished records are in" in stdout and "Traceback" not in stderr, stdout + stderr
+    assert 0 < len(_lines(out)) < 400
