@@ -45,7 +45,7 @@ def test_two_workers_write_what_one_process_writes(chat_target, tmp_path, conver
 
 
 def test_a_worker_that_cannot_load_the_target_is_named(tmp_path):
-    with pytest.raises(DraftlineError, match=r"regenerate worker \d \(pid \d+\): .*Error"):
+    with pytest.raises(DraftlineError, match=r"regenerate worker \d \(pid \d+\): .*no-such-target: no config.json"):
         GeneratorPool(tmp_path / "no-such-target", 2, device="cpu")
 
 

@@ -41,7 +41,7 @@ def _serve(conn, target_dir: str, device: str, threads: int | None, options: dic
         return
     except Exception as exc:  # told to the parent, which names this worker
         try:
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            conn.send(("error", str(exc) if isinstance(exc, DraftlineError) else f"{type(exc).__name__}: {exc}"))
         except (BrokenPipeError, OSError):
             pass
 
