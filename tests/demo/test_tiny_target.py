@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from importlib.resources import files
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,3 +105,22 @@ def test_corpus_conversations_use_each_line_once():
     convs = file_conversations(item, cfg, random.Random(0))
     lines = [line for c in convs for m in c["messages"] for line in m["content"].splitlines() if line.startswith("x")]
     assert len(convs) > 10 and len(lines) == len(set(lines))
+
+
+def test_the_corpus_reads_the_stdlib_s_sources_and_never_enters_test_or_site_packages_folders(tmp_path, monkeypatch):
+    from draftline.demo.corpus import CorpusConfig, _stdlib_sources, collect_stdlib
+
+    for rel in ["b.py", "a/z.py", "a/test_x.py", "a/notes.txt", "test/c.py", "a/tests/d.py", "site-packages/p/e.py",
+                "a/__pycache__/f.py", "big.py"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n" * (1000 if rel == "big.py" else 1))
+    entered = []
+    real_walk = os.walk
+    monkeypatch.setattr("draftline.demo.corpus.os.walk", lambda root: (entered.append(f) or (f, d, n)
+                                                                       for f, d, n in real_walk(root)))
+    assert [p.relative_to(tmp_path).as_posix() for p in _stdlib_sources(tmp_path)] == ["a/z.py", "b.py", "big.py"]
+    assert not any(part in {"test", "tests", "site-packages", "__pycache__"} for f in entered
+                   for part in Path(f).relative_to(tmp_path).parts)
+    monkeypatch.setattr("draftline.demo.corpus.sysconfig.get_paths", lambda: {"stdlib": str(tmp_path)})
+    files = collect_stdlib(CorpusConfig(max_file_bytes=1000))
+    assert [f["path"] for f in files] == ["a/z.py", "b.py"] and files[1]["text"] == "x = 1\n"  # big.py: too large
