@@ -9,8 +9,10 @@ not yet in the target's KV cache) and ``B`` the block size::
              plus one token of its own: a + 1 tokens committed, the last one the next anchor
     commit   crop the target's cache back to x_<s+a+1; the features of x_s .. x_s+a are the
              drafter's new context (its cache holds context keys/values only, never a block).
-             Linear-attention layers (hybrid targets) cannot be cropped: their states go back to
-             before the block and x_s .. x_s+a run once more (``_LinearStates``)
+             Linear-attention layers (hybrid targets): a transformers whose cache keeps their
+             recurrent state after each verified row rewinds them in the crop; with an older one
+             their states go back to before the block and x_s .. x_s+a run once more
+             (``_LinearStates``)
 
 Prompt and output are laid out as the official ``dflash_generate`` lays them out: ``output_ids`` is
 the prompt, the target's first token (from the prefill, not counted as a step), then each step's
@@ -33,7 +35,7 @@ from typing import Protocol, Sequence
 
 import torch
 from torch.nn import functional as F
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel, cache_utils
 
 from draftline.errors import DraftlineError
 from draftline.evaluate.sampling import Sampling, choose, greedy_verify, probabilities, rejection_sample
@@ -156,12 +158,28 @@ class DFlashProposer:
 # ---------------------------------------------------------------------------------------------
 
 
-def _new_target_cache(target: PreTrainedModel) -> DynamicCache:
+def _new_target_cache(target: PreTrainedModel, block_size: int) -> DynamicCache:
+    """A cache that can be cropped back after a verification of ``block_size`` rows.
+
+    Sliding-window and linear-attention layers must keep their past until the rejected rows are
+    cropped. Where transformers can rewind a linear-attention layer itself (it then keeps the
+    recurrent state after each of a verification's last rows), it is asked to keep ``block_size``.
+    """
     cache = DynamicCache(config=target.config)
-    # Sliding-window and linear-attention layers must keep their past until we crop the rejected rows.
-    if hasattr(cache, "activate_past_recording"):
+    if not hasattr(cache, "activate_past_recording"):
+        return cache
+    if rewinds_linear_attention():
+        cache.activate_past_recording(recurrent_states_to_keep=block_size)
+    else:
         cache.activate_past_recording()
     return cache
+
+
+def rewinds_linear_attention() -> bool:
+    """Whether this transformers' cache can crop a linear-attention layer's recurrent state."""
+    layer = getattr(cache_utils, "LinearAttentionLayer", None)
+    recording = getattr(layer, "activate_past_recording", None)
+    return recording is not None and "recurrent_states_to_keep" in inspect.signature(recording).parameters
 
 
 def _cache_arg(target: PreTrainedModel) -> str:
@@ -188,7 +206,9 @@ class _LinearStates:
     """
 
     def __init__(self, cache: DynamicCache):
-        self.layers = [layer for layer in getattr(cache, "layers", ()) if hasattr(layer, "recurrent_states")]
+        rewinds = rewinds_linear_attention()
+        self.layers = [layer for layer in getattr(cache, "layers", ())
+                       if hasattr(layer, "recurrent_states") and not rewinds]
         self.saved: list | None = None
 
     def save(self) -> None:
@@ -259,7 +279,7 @@ def speculative_generate(
     began = _now(device)
 
     proposer.reset()
-    cache = _new_target_cache(target)
+    cache = _new_target_cache(target, block_size)
     cache_arg = _cache_arg(target)
     prefill = target(
         torch.tensor([list(input_ids)], device=device),
@@ -274,7 +294,7 @@ def speculative_generate(
     start = num_prompt  # position of the anchor, the last committed token
     acceptance_lengths: list[int] = []
     stopped = tokens[-1] in stop
-    linear = _LinearStates(cache)
+    linear = _LinearStates(cache)  # empty where the cache rewinds them itself
 
     while start + 1 < max_length and not stopped:
         size = min(block_size, max_length - start)
@@ -352,7 +372,7 @@ def target_generate(
     stop = frozenset(int(t) for t in stop_token_ids)
     num_prompt = len(input_ids)
     began = _now(device)
-    cache = {_cache_arg(target): _new_target_cache(target)}
+    cache = {_cache_arg(target): DynamicCache(config=target.config)}
     logits = target(torch.tensor([list(input_ids)], device=device), **cache, use_cache=True, logits_to_keep=1).logits
     tokens = list(input_ids)
     while True:
