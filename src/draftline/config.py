@@ -136,8 +136,10 @@ class OptimConfig:
     max_minutes: float | None = None
     """End the training at the first step boundary after this many minutes of it (counted from this
     start's first step, a resume's too) and finish the run there: final checkpoint, exported drafter,
-    final measurement. The learning-rate schedule keeps its length (--max-steps fits it): a limit that
-    cuts its end leaves the learning rate above its floor. None = no time limit."""
+    final measurement. The learning-rate schedule runs on whichever ends first, the steps or the minutes
+    (warmup and cosine over the share of the time spent, where that is further along than the steps),
+    so a run the clock ends is annealed to the floor like a whole run; set it for a fixed time on the
+    machines (a reservation, a demo). None = no time limit: the steps alone."""
     max_bad_steps: int = 20
     """Consecutive optimizer steps with a non-finite loss or gradient (each skipped, not applied)
     after which training stops with an error; raise it only to ride out a known bad stretch of data."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -63,6 +64,11 @@ def test_eta_and_durations():
     assert eta_seconds(100, None, 2.0) is None
     assert eta_seconds(100, 1100, float("nan")) is None
     assert eta_seconds(100, 1100, 0.0) is None
+    # A time limit that comes before the last step ends the run there (--max-minutes).
+    now = time.time()
+    assert 99 <= eta_seconds(100, 1100, 2.0, ends_at=now + 100) <= 100
+    assert eta_seconds(100, 1100, 2.0, ends_at=now + 1000) == 500.0
+    assert 99 <= eta_seconds(100, 1100, float("nan"), ends_at=now + 100) <= 100
     assert format_duration(3725) == "1h02m"
     assert format_duration(59) == "0m59s"
     assert format_duration(2 * 86400 + 3 * 3600) == "2d03h"

@@ -174,15 +174,21 @@ def test_soft_labels_through_the_line_match_the_single_process(qwen3_target, lin
 @pytest.mark.parametrize("layout", [[], ["--gpus", "3", "--targets", "1"], ["--gpus", "3", "--targets", "2"]],
                          ids=["one-process", "1target+2drafters", "2targets+1drafter"])
 def test_a_time_limit_ends_the_training_early_and_finishes_the_run(qwen3_target, line_data, tmp_path, layout):
-    """--max-minutes: the drafters agree on the step, the run finishes there (export, end record), exit 0."""
+    """--max-minutes: the drafters agree on the step, the run finishes there (export, end record), exit 0; the
+    learning rate follows the clock down its cosine (the steps alone, 400 epochs' worth, would leave it at its peak)."""
     out = tmp_path / "run"
-    args = base_args(qwen3_target, line_data, out, epochs=400, max_minutes=0.04, save_every=100000)
+    args = base_args(qwen3_target, line_data, out, epochs=400, max_minutes=0.04, save_every=100000, trace=True)
     result = None if not layout else run([*args, *layout])
     assert (main(["train", *args]) if result is None else result.returncode) == 0, result and result.stderr[-3000:]
     records = read_jsonl(out / "metrics.jsonl")
     end, train = records[-1], [r for r in records if r["kind"] == "train"][-1]
     assert end["kind"] == "end" and end["status"] == "finished" and end["reason"] == "time limit"
     assert 0 < end["step"] < train["total_steps"] and end["elapsed_s"] < 60
+    trained = [r for r in records if r["kind"] == "train"]
+    assert trained[0]["lr"] > 0.5 * 3e-3 > trained[-1]["lr"], [r["lr"] for r in trained]
+    # Two drafters follow one clock, their mean in the step's record: the same learning rate, the same weights.
+    sums = [{r["step"]: r["weights"] for r in read_jsonl(p)} for p in sorted((out / "trace").glob("drafter-*.jsonl"))]
+    assert len(sums) == (3 - int(layout[-1]) if layout else 1) and all(s == sums[0] for s in sums[1:])
     assert load_drafter(out / "final").config.num_hidden_layers == 1
     saved = sorted((out / "checkpoints").glob("step-*"))
     assert [p.name for p in saved] == [f"step-{end['step']:08d}"]  # the final checkpoint, at the agreed step

@@ -1,11 +1,13 @@
-"""The gradient factor (scale, then clip) equals scaling, then torch's clip_grad_norm_; the update takes it."""
+"""The gradient factor (scale, then clip) equals scaling, then torch's clip_grad_norm_; the update takes it.
+The schedule: warmup and cosine over the steps, or over the clock of a time limit where that is further along."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from draftline.pipeline.optim import grad_factor, skips_on_device, step_with_factor
+from draftline.config import OptimConfig
+from draftline.pipeline.optim import build_scheduler, grad_factor, lr_factor, skips_on_device, step_with_factor
 
 
 @pytest.mark.parametrize("max_norm", [0.0, 0.05, 1e6])
@@ -112,3 +114,57 @@ def test_only_a_fused_optimizer_takes_a_device_skip():
     assert not skips_on_device(opt)
     with pytest.raises(ValueError, match="only a fused optimizer"):
         step_with_factor(opt, [param], torch.tensor(1.0), skip=torch.tensor(False))
+
+
+def _schedule(total_steps: int, **optim):
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return optimizer, build_scheduler(optimizer, OptimConfig(**optim), total_steps)
+
+
+def _lrs(optimizer, schedule, steps: int, clock=lambda step: 0.0) -> list[float]:
+    lrs = []
+    for step in range(steps):
+        lrs.append(schedule.get_last_lr()[0])
+        optimizer.step()
+        schedule.clock = clock(step)
+        schedule.step()
+    return lrs
+
+
+def test_without_a_clock_the_schedule_is_the_steps_warmup_and_cosine():
+    optimizer, schedule = _schedule(50, warmup_ratio=0.1, min_lr_ratio=0.1)
+    expected = [1e-3 * lr_factor(step, 50, 5, 0.1) for step in range(50)]
+    assert _lrs(optimizer, schedule, 50) == pytest.approx(expected, rel=1e-12)
+    assert expected[0] == pytest.approx(2e-4) and expected[4] == pytest.approx(1e-3) and expected[-1] < 1.1e-4
+
+
+def test_a_clock_further_along_than_the_steps_takes_the_schedule_to_its_floor():
+    """A time limit that ends the run at step 20 of 1,000: the clock reaches 1 there, the rate its floor."""
+    optimizer, schedule = _schedule(1000, warmup_ratio=0.0, min_lr_ratio=0.1)
+    lrs = _lrs(optimizer, schedule, 21, clock=lambda step: (step + 1) / 20)
+    assert lrs[0] == pytest.approx(1e-3)
+    assert lrs[11] == pytest.approx(1e-3 * lr_factor(11 / 20 * 1000, 1000, 0, 0.1))  # halfway: the cosine's middle
+    assert lrs[20] == pytest.approx(1e-4)  # the floor
+    assert all(a > b for a, b in zip(lrs[1:20], lrs[2:21]))
+    # A clock behind the steps does not hold the schedule back.
+    optimizer, behind = _schedule(100, warmup_ratio=0.0)
+    assert _lrs(optimizer, behind, 30, clock=lambda step: 0.01) == pytest.approx(_lrs(*_schedule(100, warmup_ratio=0.0), 30))
+
+
+def test_the_clock_is_saved_with_the_schedule_and_the_steps_are_the_runs_own():
+    optimizer, schedule = _schedule(100)
+    _lrs(optimizer, schedule, 10, clock=lambda step: 0.4)
+    state = schedule.state_dict()
+    assert state["clock"] == 0.4 and "total_steps" not in state
+    optimizer2, resumed = _schedule(300)  # a resume with more steps: the schedule's length is the new run's
+    resumed.load_state_dict(state)
+    assert resumed.clock == 0.4 and resumed.total_steps == 300 and resumed.last_epoch == 10
+    assert resumed.progress(10) == pytest.approx(0.4) and resumed.progress(200) == pytest.approx(200 / 300)
+    # A checkpoint written before the clock existed (a plain LambdaLR's state) resumes with none.
+    optimizer3 = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
+    plain = torch.optim.lr_scheduler.LambdaLR(optimizer3, lambda step: 1.0)
+    _, old = _schedule(100)
+    old.clock = 0.7
+    old.load_state_dict(plain.state_dict())
+    assert old.clock == 0.0 and old.total_steps == 100

@@ -197,11 +197,15 @@ class RateMeter:
         return (self.total - first_total) / (now - start)
 
 
-def eta_seconds(steps_done: int, total_steps: int | None, steps_per_s: float) -> float | None:
-    """Seconds to ``total_steps`` at ``steps_per_s``; None when it cannot be known yet."""
+def eta_seconds(steps_done: int, total_steps: int | None, steps_per_s: float, *,
+                ends_at: float | None = None) -> float | None:
+    """Seconds to ``total_steps`` at ``steps_per_s``, or to ``ends_at`` (a time limit, Unix time) where that
+    comes first; None when it cannot be known yet."""
+    left = None if ends_at is None else max(0.0, ends_at - time.time())
     if total_steps is None or not math.isfinite(steps_per_s) or steps_per_s <= 0:
-        return None
-    return max(0, total_steps - steps_done) / steps_per_s
+        return left
+    by_steps = max(0, total_steps - steps_done) / steps_per_s
+    return by_steps if left is None else min(by_steps, left)
 
 
 def format_duration(seconds: float | None) -> str:

@@ -37,8 +37,8 @@ from draftline.pipeline.shard import DrafterGroup
 from draftline.pipeline.transport import Delivery
 
 # Entries appended to the metrics vector for the step's all-reduce.
-TOKENS, SAMPLES, BATCHES, FLOPS, STOP, SAVE, GRAD_SQ, TIME_UP = range(8)
-_NUM_EXTRA = 8
+TOKENS, SAMPLES, BATCHES, FLOPS, STOP, SAVE, GRAD_SQ, TIME_UP, CLOCK = range(9)
+_NUM_EXTRA = 9
 
 
 @dataclass
@@ -81,6 +81,8 @@ class StepRecord:
     """The first drafter's checkpoint clock is due: every drafter saves after this step."""
     time_up: bool = False
     """A drafter's time limit (--max-minutes) has passed: every drafter finishes after this step."""
+    clock: float = 0.0
+    """The share of the time limit spent, the drafters' mean (0: no time limit): the schedule follows it."""
 
     @property
     def finite(self) -> bool:
@@ -239,15 +241,17 @@ class DrafterWorker:
             device=self.device)
 
     # ------------------------------------------------------------------ the update
-    def queue_update(self, *, stop: bool = False, save: bool = False, time_up: bool = False) -> None:
+    def queue_update(self, *, stop: bool = False, save: bool = False, time_up: bool = False, clock: float = 0.0) -> None:
         """Sum the step's metrics over the drafters, normalise, clip and queue AdamW without waiting for it.
-        ``stop``/``save``/``time_up``: this drafter's flags, summed with the others' (any drafter's flag counts)."""
+        ``stop``/``save``/``time_up``: this drafter's flags, summed with the others' (any drafter's flag counts);
+        ``clock``: the share of its time limit spent, averaged over the drafters (``StepRecord.clock``)."""
         start = time.perf_counter()
         with out_of_memory_context(self.device, self._step_context):
             extra = self._extra
             extra[STOP].fill_(1.0 if stop else 0.0)  # fill_: no host-to-device copy (a sync)
             extra[SAVE].fill_(1.0 if save else 0.0)
             extra[TIME_UP].fill_(1.0 if time_up else 0.0)
+            extra[CLOCK].fill_(clock)
             self.group.reduce_gradients(self.params)  # replicated drafters: the step's gradient summed
             if self.group.sharded:
                 extra[GRAD_SQ].copy_(grad_sq_norm(self.params))
@@ -293,7 +297,10 @@ class DrafterWorker:
                             samples=int(host[size + SAMPLES]), batches=int(host[size + BATCHES]),
                             flops=float(host[size + FLOPS]), grad_norm=float(host[-1]), lr=lr,
                             stop=float(host[size + STOP]) > 0, save=float(host[size + SAVE]) > 0,
-                            time_up=float(host[size + TIME_UP]) > 0)
+                            time_up=float(host[size + TIME_UP]) > 0,
+                            clock=float(host[size + CLOCK]) / self.group.num_drafters)
+        # The next steps' learning rate follows the clock the drafters agreed on (every drafter reads the same sum).
+        self.scheduler.clock = max(self.scheduler.clock, min(1.0, record.clock))
         if record.finite:
             self.counters.bad_in_a_row = 0
         else:

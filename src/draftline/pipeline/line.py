@@ -58,8 +58,8 @@ class Line:
         self.receiver = None
         self.target_preflight = None  # the target's preflight result (a colocated drafter's adds its transient)
         self.target_thread = None  # colocated: the target's thread
-        self.time_limit_at: float | None = None
-        """When the training ends by --max-minutes (set as it starts), or None."""
+        self.time_limit: loop.TimeLimit | None = None
+        """--max-minutes (set as the training starts), or None."""
 
     # ------------------------------------------------------------------ the run
     def run(self) -> str:
@@ -95,13 +95,14 @@ class Line:
         return self._train()
 
     def _train(self) -> str:
-        self.monitor.start()
-        minutes = self.spec.config.optim.max_minutes
-        self.time_limit_at = None if minutes is None else time.time() + minutes * 60
+        minutes, worker = self.spec.config.optim.max_minutes, self.worker
+        if minutes is not None:
+            self.time_limit = loop.TimeLimit(minutes, start_progress=worker.scheduler.progress(worker.step))
+        self.monitor.start(ends_at=None if self.time_limit is None else self.time_limit.ends_at)
         try:
-            status = loop.train(self.spec, self.worker, self.receiver, monitor=self.monitor,
+            status = loop.train(self.spec, worker, self.receiver, monitor=self.monitor,
                                 checkpointer=self.checkpointer, evaluation=self.evaluation,
-                                stop_requested=self._stop_requested, time_up=self._time_up)
+                                stop_requested=self._stop_requested, time_limit=self.time_limit)
         finally:
             self.monitor.stop()  # its last record: the rates of the training's last interval
         self.finish_drafter(status)
@@ -236,9 +237,6 @@ class Line:
             # The sum of this rank's weights (its shard, when sharded) as the batch began: replicated drafters'
             # agree at every step.
             "weights": float(sum(local_tensor(p).detach().double().sum() for p in worker.params))})
-
-    def _time_up(self) -> bool:
-        return self.time_limit_at is not None and time.time() >= self.time_limit_at
 
     def _stop_requested(self) -> bool:
         if self.signals.requested:

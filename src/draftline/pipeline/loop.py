@@ -10,6 +10,10 @@
         step                 the metrics all-reduced, the gradients clipped, AdamW: queued, not waited for
     the last step's record, the same way
 
+Under a time limit (--max-minutes, ``TimeLimit``) every step also carries how much of the time is spent:
+the drafters agree on it in the step's record and the learning-rate schedule follows it
+(``optim.Schedule``), so a run that the clock ends is annealed like one that ran all its steps.
+
 Every drafter runs this loop in step: the record's stop, save and time flags are summed over the drafters,
 the evaluation cadence is a function of the step, so they all save, evaluate and stop at the same
 step. The end of the run (final checkpoint, export, final measurement) is the caller's
@@ -18,6 +22,7 @@ step. The end of the run (final checkpoint, export, final measurement) is the ca
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from draftline.pipeline.checkpoints import Checkpointer
@@ -29,10 +34,28 @@ from draftline.pipeline.transport import Delivery, FeatureReceiver
 FINISHED, STOPPED = "finished", "stopped"
 
 
+class TimeLimit:
+    """--max-minutes: the training ends at the first step boundary past ``minutes`` from now, and the
+    learning-rate schedule runs on its clock: ``progress`` goes from ``start_progress`` (where the schedule
+    stood as this start began: a resume's is further along) to 1 at the limit."""
+
+    def __init__(self, minutes: float, start_progress: float = 0.0):
+        self.started = time.time()
+        self.ends_at = self.started + minutes * 60
+        self.start_progress = start_progress
+
+    def up(self) -> bool:
+        return time.time() >= self.ends_at
+
+    def progress(self) -> float:
+        spent = min(1.0, (time.time() - self.started) / (self.ends_at - self.started))
+        return self.start_progress + (1.0 - self.start_progress) * spent
+
+
 def train(spec: RunSpec, worker: DrafterWorker, receiver: FeatureReceiver, *, monitor, checkpointer: Checkpointer,
           evaluation: InTrainingEvaluation, stop_requested: Callable[[], bool],
-          time_up: Callable[[], bool] = lambda: False) -> str:
-    """Train from ``spec.start_step`` to ``spec.total_steps``, or until ``time_up``; returns "finished" or
+          time_limit: TimeLimit | None = None) -> str:
+    """Train from ``spec.start_step`` to ``spec.total_steps``, or until ``time_limit``; returns "finished" or
     "stopped" (``stop_requested``: a signal; the run can continue with --resume)."""
     for step in range(spec.start_step, spec.total_steps):
         # ---- batches -> features
@@ -47,7 +70,9 @@ def train(spec: RunSpec, worker: DrafterWorker, receiver: FeatureReceiver, *, mo
                 worker.drop_gradients()  # this step is not taken
                 return STOPPED if record.stop else FINISHED
         # ---- step: queued, the host goes on to the next step's batches
-        worker.queue_update(stop=stop_requested(), save=checkpointer.clock_due(), time_up=time_up())
+        worker.queue_update(stop=stop_requested(), save=checkpointer.clock_due(),
+                            time_up=time_limit is not None and time_limit.up(),
+                            clock=0.0 if time_limit is None else time_limit.progress())
     record = worker.read_record()
     if record is not None:
         after_step(record, worker, monitor, checkpointer, evaluation)

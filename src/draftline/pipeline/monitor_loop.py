@@ -52,7 +52,7 @@ class DrafterPublisher:
     def on_step(self, record, worker) -> None:
         publish_drafter(self.health, worker)
 
-    def start(self) -> None:
+    def start(self, ends_at: float | None = None) -> None:
         pass
 
     def stop(self) -> None:
@@ -118,6 +118,7 @@ class LineMonitor:
         self.skipped = 0
         self.last_status: LineStatus | None = None
         self.measured: dict = {}  # the latest evaluation record (real acceptance), set by the trainer
+        self.ends_at: float | None = None
         self.transfer: dict = {"sent_gb": 0.0}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -223,7 +224,7 @@ class LineMonitor:
             drafter_wait=min(1.0, self.drafter_wait.rate() / num_drafters),
             target_batches_s=self.target_batches.rate(),
             drafter_batches_s=self.drafter_batches.rate(),
-            eta_s=eta_seconds(step, self.total_steps, steps_rate),
+            eta_s=eta_seconds(step, self.total_steps, steps_rate, ends_at=self.ends_at),
             gpus=gpus,
             num_targets=len(targets) or None,
             num_drafters=len(drafters) or None,
@@ -250,7 +251,9 @@ class LineMonitor:
             self.dashboard.update(status)
         return status
 
-    def start(self) -> None:
+    def start(self, ends_at: float | None = None) -> None:
+        """``ends_at``: when the time limit ends the training (--max-minutes), for the ETA."""
+        self.ends_at = ends_at
         # What the targets computed before the drafters began (warm-up, filling the queues) is not
         # part of the first interval's rate.
         targets, drafters = self._peers()

@@ -1,4 +1,4 @@
-"""AdamW with fp32 master weights and a cosine schedule with linear warmup."""
+"""AdamW with fp32 master weights and a cosine schedule with linear warmup (over the steps, or the clock)."""
 
 from __future__ import annotations
 
@@ -100,8 +100,9 @@ def step_with_factor(optimizer: torch.optim.Optimizer, params, factor: torch.Ten
             del optimizer.found_inf
 
 
-def lr_factor(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
-    """Multiplier of the peak learning rate at ``step`` (0-based, before the update)."""
+def lr_factor(step: float, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
+    """Multiplier of the peak learning rate at ``step`` (0-based, before the update; a fraction of a step
+    where the schedule follows the clock, ``Schedule``)."""
     if warmup_steps > 0 and step < warmup_steps:
         return (step + 1) / warmup_steps
     span = max(1, total_steps - warmup_steps)
@@ -109,8 +110,44 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int, min_ratio: float) 
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int):
-    warmup = int(round(config.warmup_ratio * total_steps))
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, total_steps, warmup, config.min_lr_ratio)
-    )
+class Schedule(torch.optim.lr_scheduler.LambdaLR):
+    """Linear warmup, then a cosine down to ``min_lr_ratio`` of the peak, over the run's progress.
+
+    The progress is the steps taken over ``total_steps``. Under a time limit (--max-minutes) it is the
+    share of the training's time spent where that is further along (``clock``, which the drafters agree
+    on at each step, ``DrafterWorker.read_record``): a run that the clock ends also ends with its learning
+    rate at the floor, instead of where the cosine stood. Without a time limit ``clock`` stays 0 and the
+    schedule is the steps' alone. ``clock`` is saved with the schedule, so a resume goes on from where the
+    schedule stood.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int):
+        self.total_steps = total_steps
+        self.warmup_steps = int(round(config.warmup_ratio * total_steps))
+        self.min_ratio = config.min_lr_ratio
+        self.clock = 0.0
+        """The share of the time limit spent, 0 to 1 (0: no time limit)."""
+        super().__init__(optimizer, lambda step: self.factor(step))
+
+    def factor(self, step: int) -> float:
+        """Multiplier of the peak learning rate for ``step`` (0-based)."""
+        return lr_factor(max(step, self.clock * self.total_steps), self.total_steps, self.warmup_steps, self.min_ratio)
+
+    def progress(self, step: int) -> float:
+        """How far along the schedule is at ``step``, 0 to 1."""
+        return min(1.0, max(step / max(1, self.total_steps), self.clock))
+
+    # The schedule's shape comes from this run's config (a resume may change the steps), not the checkpoint.
+    _SHAPE = ("total_steps", "warmup_steps", "min_ratio")
+
+    def state_dict(self) -> dict:
+        return {key: value for key, value in super().state_dict().items() if key not in self._SHAPE}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state = {key: value for key, value in state_dict.items() if key not in self._SHAPE}
+        state.setdefault("clock", 0.0)  # a checkpoint from before the clock
+        super().load_state_dict(state)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> Schedule:
+    return Schedule(optimizer, config, total_steps)
