@@ -8,9 +8,9 @@ import pytest
 
 from draftline.demo.pipeline import TARGET
 from draftline.demo.sizing import (
-    FEWEST_STEPS, HEAD, REGENERATE_PER_CONVERSATION, STEPS_PER_CONVERSATION, TRAIN_PER_STEP, measure_speed,
-    predicted_minutes, size_demo, speed_now, steps_after_data, steps_that_fit, tail_seconds, training_limit_s,
-    with_conversations,
+    FEWEST_STEPS, HEAD, REGENERATE_PER_CONVERSATION, STEP_HEADROOM, STEPS_PER_CONVERSATION, TRAIN_PER_STEP,
+    measure_speed, predicted_minutes, size_demo, speed_now, step_cap, steps_after_data, steps_that_fit,
+    tail_seconds, training_limit_s, with_conversations,
 )
 
 
@@ -115,3 +115,12 @@ def test_the_probe_taken_again_is_read_a_third_time_only_where_it_disagrees_and_
     assert speed_now(0.55, measure) == 0.80  # a machine that slowed down reads slow twice
     measure, calls = readings(0.45, 0.46)
     assert speed_now(0.59, measure) == 0.46  # and one that sped up, fast twice
+
+
+def test_the_step_cap_leaves_the_time_limit_to_end_the_training_within_the_epochs():
+    """--max-steps lies above the steps predicted to fit, so a machine faster than its probe trains until the time
+    limit (the schedule follows the clock) instead of finishing early; never past every epoch."""
+    assert step_cap(400, 2000) == math.ceil(STEP_HEADROOM * 400) > 400
+    assert step_cap(400, 500) == 500
+    assert step_cap(2000, 2000) == 2000
+    assert step_cap(FEWEST_STEPS, 10_000) >= FEWEST_STEPS

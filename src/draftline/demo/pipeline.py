@@ -25,8 +25,8 @@ from pathlib import Path
 
 from draftline.cores import usable_cores
 from draftline.demo.sizing import (
-    TRAIN_PER_STEP, DemoSize, measure_speed, regeneration_minutes, size_demo, speed_now, steps_after_data,
-    tail_seconds, training_limit_s, with_conversations,
+    DemoSize, measure_speed, regeneration_minutes, size_demo, speed_now, step_cap, steps_after_data, tail_seconds,
+    training_limit_s, with_conversations,
 )
 
 ASSETS = Path(__file__).parent / "assets"
@@ -151,10 +151,12 @@ class Stages:
 
 
 def train_args(cfg: DemoConfig, data: Path, run_dir: Path, max_steps: int | None = None,
-               max_minutes: float | None = None) -> list[str]:
-    """``draftline train`` arguments of the demo's run (``max_steps``: the steps that fit here;
-    ``max_minutes``: the time the training's steps may take, whatever the machine does meanwhile)."""
-    steps = ["--max-steps", str(max_steps), "--eval-every", str(max(1, max_steps // cfg.evaluations))] if max_steps else []
+               max_minutes: float | None = None, expected_steps: int | None = None) -> list[str]:
+    """``draftline train`` arguments of the demo's run (``max_steps``: the most steps; ``max_minutes``: the time
+    the training's steps may take, whatever the machine does meanwhile: the schedule follows it;
+    ``expected_steps``: the steps predicted to fit, which space the measurements during the run)."""
+    spacing = max(1, (expected_steps or max_steps or 0) // cfg.evaluations)
+    steps = ["--max-steps", str(max_steps), "--eval-every", str(spacing)] if max_steps else []
     if max_minutes:
         steps += ["--max-minutes", f"{max_minutes:.2f}"]
     final = (["--eval-final-num-prompts", str(cfg.eval_prompts), "--eval-final-max-new-tokens", str(cfg.eval_max_new_tokens)]
@@ -220,22 +222,22 @@ def run_demo(cfg: DemoConfig) -> dict:
         stages.planned_end = time.time() + size.minutes * 60
     data, made = make_data(cfg, out, stages, None if size is None else regeneration_minutes(size))
 
-    max_steps = None
-    probe_now = max_minutes = None
+    max_steps = expected = probe_now = max_minutes = None
     if size is not None:  # sized again: the conversations made, the machine's speed now, the time left now
         if made < size.conversations:
             print(f"  {made} of {size.conversations} conversations regenerated in the time planned for them", flush=True)
         size = with_conversations(size, made, cfg.epochs)
         probe_now = speed_now(size.probe_s, lambda: measure_speed(TARGET))
         left = deadline - time.time()
-        max_steps = steps_after_data(size, probe_now, left)
-        max_minutes = training_limit_s(probe_now, left, max_steps) / 60
-        stages.planned_end = time.time() + tail_seconds(probe_now) + probe_now * TRAIN_PER_STEP * max_steps
+        expected = steps_after_data(size, probe_now, left)
+        max_minutes = training_limit_s(probe_now, left, expected) / 60
+        max_steps = step_cap(expected, size.most_steps)
+        stages.planned_end = time.time() + tail_seconds(probe_now) + max_minutes * 60
     stages.header("train", f"{cfg.gpus} processes on CPU, each a target and a drafter (torchrun, gloo)"
-                  + (f", {max_steps} steps in at most {max_minutes:.1f} min (what fits in the time here: "
-                     f"{probe_now * 1000:.0f} ms per pass now)" if max_steps else ""))
+                  + (f", {max_minutes:.1f} min of steps, about {expected} here ({probe_now * 1000:.0f} ms per pass now; "
+                     f"at most {max_steps}; the learning rate's schedule follows the time)" if max_steps else ""))
     run_dir = out / "run"
-    stages.command(train_args(cfg, data, run_dir, max_steps, max_minutes), processes=cfg.gpus)
+    stages.command(train_args(cfg, data, run_dir, max_steps, max_minutes, expected), processes=cfg.gpus)
     stages.finish("train")
 
     stages.header("eval", f"speculative decoding on {cfg.eval_prompts} held-out prompts, block size {cfg.block_size}")
@@ -264,7 +266,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     print(f"  evaluation, per prompt: {eval_json}")
     result = {"tau": tau, "monitor_tau": monitor_tau, "minutes": minutes, "run_dir": str(run_dir),
               "eval": str(eval_json), "stage_seconds": {k: round(v, 1) for k, v in stages.took.items()},
-              "conversations": made, "max_steps": max_steps, **_trained(run_dir)}
+              "conversations": made, "max_steps": max_steps, "expected_steps": expected, **_trained(run_dir)}
     if size is not None:
         result["probe_s"] = {"start": round(size.probe_s, 4), "before_training": round(probe_now, 4)}
     (out / "demo.json").write_text(json.dumps(result, indent=2) + "\n")

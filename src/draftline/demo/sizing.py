@@ -34,13 +34,15 @@ Xeons, where the probe varied more: the training's time limit cuts the rest)."""
 HEAD = 25.0
 """What comes before the training and does not grow with the conversations: this probe, cutting the
 conversations, the target's load for regeneration, ``draftline prepare``."""
-TAIL = 45.0
-TAIL_S = 45.0
-"""What comes after the data and does not grow with the steps, ``TAIL_S`` seconds plus ``TAIL`` probe
-seconds (``tail_seconds``): the line's start (its processes import torch), its 5 small measurements
-and the last one, the final checkpoint, ``draftline eval`` and ``draftline report``. Its start and the
-eval's decoding are Python more than matrix work and do not slow with the probe: 94 s on an EPYC whose
-probe took 1.8 s, about 60 s on the Xeon (0.54 s) and 85-105 on the EPYC at 0.98 s."""
+TAIL = 40.0
+TAIL_S = 30.0
+"""What comes after the data and is not the training's steps, ``TAIL_S`` seconds plus ``TAIL`` probe
+seconds (``tail_seconds``): the line's start (its processes import torch), the last small measurement,
+the final checkpoint, ``draftline eval`` and ``draftline report``. Its start and the eval's decoding are
+Python more than matrix work and do not slow with the probe: 94 s on an EPYC whose probe took 1.8 s
+(with a longer final measurement since removed), about 60 s on a Xeon (0.54 s), 50 s and 32 s on EPYCs
+at 0.66 and 0.72 s (docs/PERF_NOTES.md). The time limit ends the training ``tail_seconds`` before the
+demo's end: what this over-counts is left unused, what it under-counts makes the demo late by as much."""
 STEPS_PER_CONVERSATION = 0.1045
 """Optimizer steps of one epoch per conversation (1,280 regenerated conversations pack into 268
 batches of 1,024 tokens, two per step)."""
@@ -130,6 +132,18 @@ def with_conversations(size: DemoSize, conversations: int, epochs: int) -> DemoS
     """The plan for the conversations the regeneration made."""
     most = every_epoch_steps(conversations, epochs)
     return replace(size, conversations=conversations, max_steps=min(size.max_steps, most), most_steps=most)
+
+
+STEP_HEADROOM = 1.5
+"""The training's --max-steps over the steps predicted to fit (``step_cap``): the time limit ends it, and the
+learning-rate schedule follows that clock, so a machine that trains faster than its probe says uses its time
+instead of finishing early (the prediction is off by 10-20% between machines of one kind)."""
+
+
+def step_cap(expected: int, most: int) -> int:
+    """--max-steps for a training expected to take ``expected`` steps in its time: ``STEP_HEADROOM`` more, at
+    most every epoch's ``most``."""
+    return min(most, max(expected, math.ceil(STEP_HEADROOM * expected)))
 
 
 FEWEST_STEPS = 50
