@@ -20,8 +20,9 @@ $(BIN)/.demo: pyproject.toml Makefile
 
 $(BIN)/.installed: $(BIN)/.demo
 	$(BIN)/pip install -q -e ".[test]"
-	# The official DFlash inference code is the reference the tests compare against.
-	$(BIN)/pip install -q --no-deps "dflash==0.1.0"
+	# The official DFlash inference code is the reference the tests compare against; SpecForge's code is the
+	# reference for the D-PACE and DSpark objectives (its own dependencies pin CUDA builds and servers).
+	$(BIN)/pip install -q --no-deps "dflash==0.1.0" "specforge==0.2.0"
 	# A third-party consumer of the export format: speculators' DFlash converter, with only what its
 	# import needs (its full install pins torchvision/torchaudio and an older transformers).
 	$(BIN)/pip install -q --no-deps $(SPECULATORS)

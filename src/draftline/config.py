@@ -120,6 +120,13 @@ class OptimConfig:
     """Decay of the per-position loss weights exp(-(k-1)/gamma), in block positions. None = the
     paper's for the block size (7 for 16, 5 for 10, 4 for 8, else block_size/2); smaller weights the
     first positions more, which set most of tau."""
+    loss: str = "dflash"
+    """The per-position loss weights: 'dflash' (exp(-(k-1)/gamma), the paper's) or 'dpace' (D-PACE, arXiv
+    2605.18810: each position's cross-entropy weighted by its detached share of the block's expected
+    acceptance length, from the drafter's own probabilities; no gamma)."""
+    dpace_alpha: float = 0.5
+    """D-PACE's smoothing, in (0, 1]: a position's acceptance counts as (1 - alpha) q + alpha, q the drafter's
+    probability of its label (0.3-0.7 train stably; 0.5 as published). Only with loss = dpace."""
     distill: float = 0.0
     """Soft labels: weight (0..1) of the target's own next-token distribution in each position's label
     (0 = the data's tokens only, the DFlash recipe; 1 = the distribution only). Above 0 the target
@@ -482,6 +489,16 @@ def validate(config: TrainConfig) -> None:
         _positive(o.loss_gamma, "optim.loss_gamma (--loss-gamma)")
     if not 0.0 <= o.distill <= 1.0:
         raise DraftlineError(f"optim.distill (--distill) must be in [0, 1], got {o.distill}")
+    if o.loss not in ("dflash", "dpace"):
+        raise DraftlineError(f"optim.loss (--loss) must be dflash or dpace, got {o.loss!r}")
+    if not 0.0 < o.dpace_alpha <= 1.0:
+        raise DraftlineError(f"optim.dpace_alpha (--dpace-alpha) must be in (0, 1], got {o.dpace_alpha}")
+    if o.loss == "dpace" and o.loss_gamma is not None:
+        raise DraftlineError("optim.loss_gamma (--loss-gamma) weighs the dflash loss; --loss dpace sets its own "
+                             "weights: drop --loss-gamma or use --loss dflash")
+    if o.loss == "dpace" and o.distill > 0:
+        raise DraftlineError("--loss dpace weighs hard labels by the drafter's probability of them; it does not "
+                             "combine with --distill: drop one")
     _positive(o.grad_clip, "optim.grad_clip (--grad-clip)", allow_zero=True)
     if o.max_steps is not None:
         _positive(o.max_steps, "optim.max_steps (--max-steps)")

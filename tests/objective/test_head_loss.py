@@ -102,20 +102,21 @@ def test_functional_chunk_body_equals_plain(distill, multiplier, softcap):
     labels = torch.randint(0, 30, (9,))
     weights = torch.rand(9, dtype=torch.float64)
     teacher_raw = teacher @ w.t() if distill > 0 else None
-    loss, correct, grad_raw = loss_and_grad_of_logits(h.detach() @ w.t(), labels, weights, multiplier, softcap,
-                                                      teacher_raw, distill, True)
+    loss, correct, grad_raw, ce = loss_and_grad_of_logits(h.detach() @ w.t(), labels, weights, multiplier, softcap,
+                                                          teacher_raw, distill, True)
     ref, ref_correct = plain_head_loss(h, w, labels, weights, multiplier=multiplier, softcap=softcap,
                                        teacher=teacher if distill > 0 else None, distill=distill)
     (ref_grad,) = torch.autograd.grad(ref, h)
     torch.testing.assert_close(loss, ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(grad_raw @ w, ref_grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close((ce * weights).sum(), ref, rtol=1e-10, atol=1e-10)
     assert torch.equal(correct, ref_correct)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("distill", [0.0, 0.5])
-def test_compiled_head_loss_on_cuda_equals_eager(distill):
+@pytest.mark.parametrize("distill,dpace", [(0.0, False), (0.5, False), (0.0, True)])
+def test_compiled_head_loss_on_cuda_equals_eager(distill, dpace):
     """bf16 on CUDA: the compiled chunk body matches the eager in-place loop (loss, hits, gradient)."""
     torch.manual_seed(3)
     device = "cuda"
@@ -125,6 +126,11 @@ def test_compiled_head_loss_on_cuda_equals_eager(distill):
     labels = torch.randint(0, 5000, (3000,), device=device)
     weights = torch.rand(3000, device=device)
     kw = dict(chunk_rows=1024, teacher=teacher if distill else None, distill=distill)
+    if dpace:  # 3000 rows = 375 blocks of 8 labelled slots each
+        from draftline.objective.dpace import dpace_weights
+
+        rows = torch.arange(3000, device=device)
+        kw["weigh"] = lambda ce: dpace_weights(ce, rows, 375, 8, 0.5)
     results = []
     for fused in (False, True):
         loss, correct = chunked_head_loss(h, w, labels, weights, fused=fused, **kw)

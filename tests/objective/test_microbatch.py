@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from draftline.data.batch import PackedBatch
@@ -35,13 +36,16 @@ def _grads_and_loss(objective, target, batches):
     return total_loss / total_weight, {n: p.grad / total_weight for n, p in drafter.named_parameters()}
 
 
-def test_split_invariance(qwen3_target):
+@pytest.mark.parametrize("loss", ["dflash", "dpace"])
+def test_split_invariance(qwen3_target, loss):
+    """Also for D-PACE, whose normaliser (the step's label count) is the same however the step is split."""
     config = build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=2, block_size=4)
     torch.manual_seed(0)
     drafter = DFlashDrafter(config).double()
     target = TargetFeatures(qwen3_target, drafter.target_layer_ids, dtype=torch.float64)
     embed, head = load_embedding_and_head(qwen3_target, dtype=torch.float64)
-    objective = DFlashObjective(drafter, embed, head, ObjectiveSettings(max_anchors=5, seed=1, head_chunk_rows=7))
+    settings = ObjectiveSettings(max_anchors=5, seed=1, head_chunk_rows=7, loss=loss)
+    objective = DFlashObjective(drafter, embed, head, settings)
     docs = _docs(6, seed=2)
     ids = list(range(6))
     whole = [PackedBatch.from_documents(docs, sample_ids=ids)]
@@ -55,7 +59,8 @@ def test_split_invariance(qwen3_target):
         torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-9, atol=1e-12)
 
 
-def test_passes_of_a_batch_add_up_to_its_one_pass_loss(qwen3_target):
+@pytest.mark.parametrize("loss", ["dflash", "dpace"])
+def test_passes_of_a_batch_add_up_to_its_one_pass_loss(qwen3_target, loss):
     """``DFlashObjective.passes`` (what the drafter worker trains on) splits a batch into passes whose
     losses and label weights add up to the one-pass ``blocks`` of the same batch."""
     config = build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=1, block_size=4)
@@ -63,7 +68,7 @@ def test_passes_of_a_batch_add_up_to_its_one_pass_loss(qwen3_target):
     drafter = DFlashDrafter(config).double()
     target = TargetFeatures(qwen3_target, drafter.target_layer_ids, dtype=torch.float64)
     embed, head = load_embedding_and_head(qwen3_target, dtype=torch.float64)
-    objective = DFlashObjective(drafter, embed, head, ObjectiveSettings(max_anchors=5, seed=1))
+    objective = DFlashObjective(drafter, embed, head, ObjectiveSettings(max_anchors=5, seed=1, loss=loss))
     batch = PackedBatch.from_documents(_docs(5, seed=3), sample_ids=list(range(5)))
     features = target(batch)
     with torch.no_grad():
@@ -74,3 +79,25 @@ def test_passes_of_a_batch_add_up_to_its_one_pass_loss(qwen3_target):
     assert sum(p.anchors.numel() for p, _ in parts) == objective.blocks(batch).num_anchors
     torch.testing.assert_close(sum(r[0] for r in results), whole, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(sum(float(r[1][WEIGHT_SUM]) for r in results), float(whole_metrics[WEIGHT_SUM]))
+
+
+def test_dpace_normalises_by_the_label_count_and_weighs_early_slots_more(qwen3_target):
+    """D-PACE's pass carries the count of its labels as its weight (the step's normaliser), and its loss is not
+    the DFlash loss of the same blocks."""
+    config = build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=1, block_size=4)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(config).double()
+    target = TargetFeatures(qwen3_target, drafter.target_layer_ids, dtype=torch.float64)
+    embed, head = load_embedding_and_head(qwen3_target, dtype=torch.float64)
+    batch = PackedBatch.from_documents(_docs(4, seed=5), sample_ids=list(range(4)))
+    features = target(batch)
+    results = {}
+    for loss in ("dflash", "dpace"):
+        objective = DFlashObjective(drafter, embed, head, ObjectiveSettings(max_anchors=5, seed=1, loss=loss))
+        blocks = objective.blocks(batch)
+        with torch.no_grad():
+            results[loss] = objective(features, blocks), blocks
+    (dpace_sum, dpace_metrics), blocks = results["dpace"]
+    (dflash_sum, _), _ = results["dflash"]
+    assert float(dpace_metrics[WEIGHT_SUM]) == blocks.labels.numel()
+    assert not torch.allclose(dpace_sum, dflash_sum)

@@ -50,6 +50,8 @@ _FLAGS: dict[str, tuple[str, str]] = {
     "--grad-clip": ("optim", "grad_clip"),
     "--grad-accum": ("optim", "grad_accum"),
     "--loss-gamma": ("optim", "loss_gamma"),
+    "--loss": ("optim", "loss"),
+    "--dpace-alpha": ("optim", "dpace_alpha"),
     "--distill": ("optim", "distill"),
     "--global-batch-tokens": ("optim", "global_batch_tokens"),
     "--max-steps": ("optim", "max_steps"),
@@ -114,7 +116,7 @@ _METAVARS = {
     "--grad-accum": "BATCHES", "--eval-num-prompts": "PROMPTS", "--eval-final-num-prompts": "PROMPTS",
     "--targets": "RANKS", "--drafters": "RANKS", "--draft-layers": "LAYERS", "--block-size": "TOKENS",
     "--epochs": "EPOCHS", "--keep": "CHECKPOINTS", "--lr": "LR", "--min-lr-ratio": "RATIO",
-    "--warmup-ratio": "RATIO", "--distill": "WEIGHT", "--loss-gamma": "POSITIONS", "--grad-clip": "NORM",
+    "--warmup-ratio": "RATIO", "--distill": "WEIGHT", "--loss-gamma": "POSITIONS", "--loss": "{dflash,dpace}", "--dpace-alpha": "ALPHA", "--grad-clip": "NORM",
     "--weight-decay": "X", "--seed": "N",
 }
 

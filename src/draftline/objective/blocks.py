@@ -94,8 +94,8 @@ def build_blocks(
     """Blocks for ``anchors`` (flat token indices into ``batch``, sorted), on the host."""
     if block_size < 2:
         raise ValueError(f"block_size must be >= 2, got {block_size}")
-    if not math.isfinite(gamma) or gamma <= 0:
-        raise ValueError(f"gamma must be a positive number, got {gamma}")
+    if math.isnan(gamma) or gamma <= 0:
+        raise ValueError(f"gamma must be a positive number (inf: every label weight 1), got {gamma}")
     input_ids = batch.input_ids.cpu()
     loss_mask = batch.loss_mask.cpu()
     doc_of_token = batch.doc_ids().cpu()

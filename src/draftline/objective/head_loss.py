@@ -5,6 +5,10 @@ here at most ``chunk_rows`` rows of logits exist at once. The gradient with resp
 rows is computed in the same pass (softmax minus the label distribution), so backward stores
 ``[rows, hidden]``, not logits. The head weight is frozen: no gradient for it.
 
+With ``weigh``, the rows' weights depend on their own cross-entropies (D-PACE, ``objective.dpace``): each
+chunk's loss and gradient are taken with ``row_weights``, then every row's are scaled by
+``weigh(ce)`` of the detached per-row cross-entropies, so the weights cost no second pass over the head.
+
 With ``teacher`` hidden rows (the target's final hidden state at the position that predicts each
 label) and ``distill`` = a in (0, 1], a row's label is the mix ``(1 - a) * one_hot(label) + a * p``,
 where ``p`` is the target's own next-token distribution through the same head: soft labels.
@@ -31,7 +35,8 @@ def _scaled(raw: torch.Tensor, multiplier: float, softcap: float | None):
 
 
 def loss_and_grad_of_logits(raw, labels, row_weights, multiplier, softcap, teacher_raw, distill, need_grad):
-    """One chunk's (loss sum, correct [R], d loss / d raw logits [R, V] or None), without in-place ops.
+    """One chunk's (loss sum, correct [R], d loss / d raw logits [R, V] or None, per-row cross-entropy [R]),
+    without in-place ops.
 
     ``raw`` [R, V] are the head's logits in the head's dtype (before multiplier and softcap),
     ``teacher_raw`` the teacher's (or None). The same arithmetic as the eager loop of
@@ -46,10 +51,11 @@ def loss_and_grad_of_logits(raw, labels, row_weights, multiplier, softcap, teach
     if teacher_raw is not None:
         soft = torch.softmax(_scaled(teacher_raw, multiplier, softcap)[0], dim=-1)
         picked = (1 - distill) * picked + distill * (soft * logits).sum(-1)
-    loss = ((lse - picked) * w).sum()
+    ce = lse - picked
+    loss = (ce * w).sum()
     correct = logits.argmax(dim=-1) == labels
     if not need_grad:
-        return loss, correct, None
+        return loss, correct, None, ce
     grad = torch.exp(logits - lse[:, None])
     vocab = torch.arange(logits.shape[1], device=logits.device)
     grad = torch.where(vocab[None, :] == labels[:, None], grad + (distill - 1.0), grad)  # - (1-a) one-hot
@@ -60,7 +66,7 @@ def loss_and_grad_of_logits(raw, labels, row_weights, multiplier, softcap, teach
         grad = grad * (1 - tanh * tanh)
     if multiplier != 1.0:
         grad = grad * multiplier
-    return loss, correct, grad.to(raw.dtype)
+    return loss, correct, grad.to(raw.dtype), ce
 
 
 _FUSED = None
@@ -77,12 +83,13 @@ def _fused_loss_and_grad():
 
 class _ChunkedHeadLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, row_weights, chunk_rows, multiplier, softcap, teacher, distill, fused):
+    def forward(ctx, hidden, weight, labels, row_weights, chunk_rows, multiplier, softcap, teacher, distill, fused, weigh):
         need_grad = ctx.needs_input_grad[0]
         rows = hidden.shape[0]
         loss = torch.zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
         correct = torch.zeros(rows, dtype=torch.bool, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if need_grad else None
+        ce_rows = torch.empty(rows, dtype=loss.dtype, device=hidden.device) if weigh is not None else None
         fused = fused and hidden.is_cuda
         for start in range(0, rows, chunk_rows):
             end = min(start + chunk_rows, rows)
@@ -90,10 +97,12 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             if fused:
                 raw = hidden[start:end].to(weight.dtype) @ weight.t()
                 teacher_raw = None if teacher is None else teacher[start:end].to(weight.dtype) @ weight.t()
-                part, correct[start:end], grad = _fused_loss_and_grad()(
+                part, correct[start:end], grad, ce = _fused_loss_and_grad()(
                     raw, label, row_weights[start:end], multiplier, softcap, teacher_raw, distill, need_grad)
                 del raw, teacher_raw
                 loss = loss + part.to(loss.dtype)
+                if ce_rows is not None:
+                    ce_rows[start:end] = ce
                 if need_grad:
                     grad_hidden[start:end] = (grad @ weight).to(hidden.dtype)
                 continue
@@ -106,6 +115,8 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                 soft = torch.softmax(_chunk_logits(teacher[start:end], weight, multiplier, softcap)[0], dim=-1)
                 picked = (1 - distill) * picked + distill * (soft * logits).sum(-1)
             loss = loss + ((lse - picked) * w).sum()
+            if ce_rows is not None:
+                ce_rows[start:end] = lse - picked
             correct[start:end] = logits.argmax(dim=-1) == label
             if need_grad:
                 grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place
@@ -118,6 +129,11 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                 if multiplier != 1.0:
                     grad.mul_(multiplier)
                 grad_hidden[start:end] = (grad.to(weight.dtype) @ weight).to(hidden.dtype)
+        if weigh is not None:  # the chunks were taken with row_weights; each row's own weight comes now
+            scale = weigh(ce_rows)
+            loss = (ce_rows * row_weights.to(loss.dtype) * scale).sum()
+            if need_grad:
+                grad_hidden.mul_(scale[:, None].to(grad_hidden.dtype))
         ctx.save_for_backward(grad_hidden if need_grad else None)
         ctx.mark_non_differentiable(correct)
         return loss, correct
@@ -126,7 +142,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_correct):
         (grad_hidden,) = ctx.saved_tensors
         grad = None if grad_hidden is None else grad_hidden * grad_loss.to(grad_hidden.dtype)
-        return grad, None, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None, None
 
 
 def chunked_head_loss(
@@ -141,13 +157,15 @@ def chunked_head_loss(
     teacher: torch.Tensor | None = None,
     distill: float = 0.0,
     fused: bool = True,
+    weigh=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum over rows of ``w * CE(logits, label)`` and the top-1 hit of each row.
 
     hidden [M, H] (after the drafter's final norm), head_weight [V, H] (frozen), labels [M],
     row_weights [M]; teacher [M, H] (the target's final-normed hidden state) when ``distill`` > 0.
     ``fused``: on CUDA, each chunk's loss and gradient in a compiled body (the eager loop otherwise,
-    and always on CPU). Returns (loss_sum scalar fp32, correct [M] bool; correct is against the hard labels).
+    and always on CPU). ``weigh``: a function of the rows' detached cross-entropies [M] giving a factor
+    [M] on each row's weight (D-PACE). Returns (loss_sum scalar fp32, correct [M] bool; correct is against the hard labels).
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
@@ -157,16 +175,19 @@ def chunked_head_loss(
         raise ValueError("distill > 0 needs the teacher's hidden rows")
     teacher = teacher.detach() if distill > 0 else None
     return _ChunkedHeadLoss.apply(hidden, head_weight, labels, row_weights, chunk_rows, multiplier, softcap,
-                                  teacher, float(distill), fused)
+                                  teacher, float(distill), fused, weigh)
 
 
 def plain_head_loss(hidden, head_weight, labels, row_weights, *, multiplier=1.0, softcap=None, teacher=None,
-                    distill=0.0):
-    """The same quantity with full logits materialised; the reference for tests."""
+                    distill=0.0, weigh=None):
+    """The same quantity with full logits materialised and autograd's gradient; the reference for tests."""
     logits = _chunk_logits(hidden, head_weight, multiplier, softcap)[0]
     target = torch.nn.functional.one_hot(labels, logits.shape[-1]).to(logits.dtype)
     if distill > 0:
         soft = torch.softmax(_chunk_logits(teacher, head_weight, multiplier, softcap)[0], dim=-1)
         target = (1 - distill) * target + distill * soft
     ce = torch.nn.functional.cross_entropy(logits, target, reduction="none")
-    return (ce * row_weights.to(logits.dtype)).sum(), logits.argmax(-1) == labels
+    weights = row_weights.to(logits.dtype)
+    if weigh is not None:
+        weights = weights * weigh(ce.detach())
+    return (ce * weights).sum(), logits.argmax(-1) == labels

@@ -11,6 +11,7 @@ over micro-batches and ranks), so the result does not depend on how a step is sp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -23,6 +24,7 @@ from draftline.model.config import default_loss_gamma, mask_token_id
 from draftline.model.drafter import DFlashDrafter
 from draftline.objective.anchors import sample_anchors
 from draftline.objective.blocks import BlockBatch, Pass, build_blocks, plan_passes
+from draftline.objective.dpace import dpace_weights
 from draftline.objective.head_loss import chunked_head_loss
 from draftline.objective.metrics import pass_metrics
 
@@ -47,6 +49,11 @@ class ObjectiveSettings:
     features carry the target's final-normed hidden state as their last ``hidden_size`` columns."""
     fused_head: bool = True
     """On CUDA, the head loss's chunks in a compiled body (``head_loss.chunked_head_loss``)."""
+    loss: str = "dflash"
+    """'dflash' (each label weighted exp(-(k-1)/gamma)) or 'dpace' (weighted by its share of the block's
+    expected acceptance, ``objective.dpace``)."""
+    dpace_alpha: float = 0.5
+    """D-PACE's smoothing: a slot's acceptance counts as (1 - alpha) q + alpha."""
 
 
 class DFlashObjective:
@@ -67,7 +74,14 @@ class DFlashObjective:
         config = drafter.config
         self.block_size = drafter.block_size
         self.mask_token_id = mask_token_id(config)
-        self.gamma = self.settings.gamma or default_loss_gamma(self.block_size)
+        if self.settings.loss not in ("dflash", "dpace"):
+            raise ValueError(f"loss must be 'dflash' or 'dpace', got {self.settings.loss!r}")
+        # D-PACE weighs each label itself: its blocks carry weight 1 per label (gamma = inf), which also
+        # makes the step's normaliser the count of its labels, the same on every drafter and pass.
+        self.dpace = self.settings.loss == "dpace"
+        if self.dpace and self.settings.distill > 0:
+            raise ValueError("the D-PACE loss weighs hard labels; it does not combine with distill > 0")
+        self.gamma = math.inf if self.dpace else self.settings.gamma or default_loss_gamma(self.block_size)
         dflash = getattr(config, "dflash_config", {}) or {}
         self.embed_scale = float(dflash.get("input_embedding_scale", 1.0))
         self.logit_multiplier = float(dflash.get("output_multiplier", 1.0))
@@ -133,6 +147,10 @@ class DFlashObjective:
             return zero, pass_metrics(zero, torch.zeros(0, dtype=torch.bool, device=features.device),
                                       blocks.label_rows, blocks.label_weights, 0, self.block_size)
         hidden = self.hidden(features, blocks)
+        weigh = None
+        if self.dpace:
+            alpha = self.settings.dpace_alpha
+            weigh = lambda ce: dpace_weights(ce, blocks.label_rows, blocks.num_anchors, self.block_size, alpha)  # noqa: E731
         loss_sum, correct = chunked_head_loss(
             hidden[blocks.label_rows],
             self.head_weight,
@@ -144,6 +162,7 @@ class DFlashObjective:
             teacher=teacher,
             distill=self.settings.distill,
             fused=self.settings.fused_head,
+            weigh=weigh,
         )
         metrics = pass_metrics(
             loss_sum.detach(), correct, blocks.label_rows, blocks.label_weights, blocks.num_anchors, self.block_size

@@ -78,7 +78,7 @@ def build_objective(spec: RunSpec, drafter: DFlashDrafter, embed: torch.Tensor, 
     c = spec.config
     settings = ObjectiveSettings(max_anchors=c.data.max_anchors, head_chunk_rows=c.engine.head_chunk_rows,
                                  attention=c.engine.attention, seed=c.data.seed, gamma=c.optim.loss_gamma,
-                                 distill=c.optim.distill)
+                                 distill=c.optim.distill, loss=c.optim.loss, dpace_alpha=c.optim.dpace_alpha)
     return DFlashObjective(drafter, embed, head, settings)
 
 
