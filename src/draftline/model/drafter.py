@@ -266,3 +266,4 @@ def checkpoint_layers(drafter: DFlashDrafter) -> None:
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
 
         layer.forward = wrapped
+        layer.checkpointed = True  # compilation keeps nothing else of such a layer (model.fused)
