@@ -158,9 +158,20 @@ def print_prediction(s: Shape, p: dict, title: str) -> None:
     print(f"  {p['peak'] / GIB:7.2f} GiB  predicted peak")
 
 
-def trace_compiled(mode: str) -> list[tuple[str, tuple[int, ...], str]]:
+def print_peer_floor(s: Shape) -> None:
+    """SpecForge's BF16Optimizer layout, by arithmetic: what its step holds whatever its activations."""
+    P, fixed = s.params(), 2 * 2 * s.vocab * s.hidden + 2 * s.context_rows * s.feature_layers * s.hidden
+    held = 2 * P + 4 * P + 8 * P + fixed
+    print(f"\nSpecForge 0.2.0's step (its BF16Optimizer), whatever its activations: bf16 weights {2 * P / GIB:.2f} + "
+          f"fp32 masters {4 * P / GIB:.2f} + fp32 moments {8 * P / GIB:.2f} + embedding, head and features "
+          f"{fixed / GIB:.2f} = {held / GIB:.2f} GiB held; its optimizer step adds the bf16 gradients and their fp32 "
+          f"copies ({6 * P / GIB:.2f} GiB) before AdamW runs: at least {(held + 6 * P) / GIB:.2f} GiB at that moment")
+
+
+def trace_compiled(mode: str) -> list[tuple[str, tuple[int, ...], str, bool]]:
     """What the compiled halves of one small decoder layer keep for backward, as the partitioner torch.compile
-    uses (min-cut) leaves it on this machine (no code generation): (half, shape, dtype)."""
+    uses (min-cut) leaves it on this machine (no code generation): (half, shape, dtype, whether it is an input of
+    the half: the layer input, the context, RoPE tables, the attention output)."""
     from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
@@ -176,24 +187,23 @@ def trace_compiled(mode: str) -> list[tuple[str, tuple[int, ...], str]]:
         for node in gm.graph.nodes:
             value = node.meta.get("val")
             if node.op == "placeholder" and not node.name.startswith("tangents") and isinstance(value, torch.Tensor):
-                saved.append((current[0], tuple(int(d) for d in value.shape), str(value.dtype)[6:]))
+                saved.append((current[0], tuple(int(d) for d in value.shape), str(value.dtype)[6:],
+                              node.name.startswith("primals")))
         return make_boxed_func(gm.forward)
 
-    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=backward_compiler,
-                           partition_fn=min_cut_rematerialization_partition)
     torch._dynamo.reset()
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg).float()
     layer = drafter.layers[0]
     for name in ("attention_inputs", "attention_outputs_and_mlp"):
-        fn = torch.compile(selective(getattr(layer, name), mode, intermediate_size=cfg.intermediate_size),
-                           backend=backend, fullgraph=True)
-
-        def traced(*args, _fn=fn, _name=name, **kwargs):
+        def labelled(gm, inputs, _name=name):  # the backward graph is made when the backward first runs
             current[0] = _name
-            return _fn(*args, **kwargs)
+            return backward_compiler(gm, inputs)
 
-        setattr(layer, name, traced)
+        backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=labelled,
+                               partition_fn=min_cut_rematerialization_partition)
+        fn = selective(getattr(layer, name), mode, intermediate_size=cfg.intermediate_size)
+        setattr(layer, name, torch.compile(fn, backend=backend, fullgraph=True))
     batch = packed_batch([160], cfg.vocab_size, 0)
     blocks = build_blocks(batch, torch.tensor([5, 40, 77, 120, 150]), block_size=16, mask_token_id=0, gamma=7.0)
     feats = torch.randn(batch.num_tokens, len(drafter.target_layer_ids) * cfg.hidden_size).bfloat16()
@@ -207,15 +217,25 @@ def trace_compiled(mode: str) -> list[tuple[str, tuple[int, ...], str]]:
     return [entry for entry in saved if (entry[1], entry[2]) not in params]  # the fp32 weights live on anyway
 
 
-def print_trace(mode: str) -> None:
+def print_trace(mode: str, s: Shape) -> None:
+    """The traced list, each entry's dimensions named and its size at ``s``'s shape."""
     cfg = build_drafter_config(target_config("tiny"), num_hidden_layers=1, block_size=16)
-    names = {cfg.hidden_size: "H", cfg.intermediate_size: "I", cfg.num_attention_heads: "heads",
-             cfg.num_key_value_heads: "kv_heads", cfg.head_dim: "head_dim",
-             cfg.num_key_value_heads * cfg.head_dim: "kv_width", 80: "Q", 160: "T"}
-    print(f"\ncompiled halves, recompute={mode!r}: kept for backward (tiny layer: Q = 80 query rows, T = 160 context "
-          f"rows, H = {cfg.hidden_size}, I = {cfg.intermediate_size}; the fp32 weights left out)")
-    for half, shape, dtype in trace_compiled(mode):
-        print(f"  {half:28s} [{', '.join(names.get(d, str(d)) for d in shape)}] {dtype}")
+    names = {cfg.hidden_size: ("H", s.hidden), cfg.intermediate_size: ("I", s.intermediate),
+             cfg.num_attention_heads: ("heads", s.heads), cfg.num_key_value_heads: ("kv_heads", s.kv_heads),
+             cfg.head_dim: ("head_dim", s.head_dim), 80: ("Q", s.query_rows), 160: ("T", s.context_rows),
+             cfg.num_key_value_heads * cfg.head_dim: ("kv_width", s.kv_heads * s.head_dim), 1: ("1", 1)}
+    assert len(names) == 9, "the tiny shape's dimensions must differ from each other to be named"
+    print(f"\ncompiled halves, recompute={mode!r}: kept for backward, traced on a tiny layer (Q = 80 query rows, "
+          f"T = 160 context rows, H = {cfg.hidden_size}, I = {cfg.intermediate_size}), sized at the {s.hidden}-wide "
+          "shape")
+    total = 0
+    for half, shape, dtype, is_input in trace_compiled(mode):
+        size = math.prod(names[d][1] for d in shape) * getattr(torch, dtype).itemsize
+        total += 0 if is_input else size
+        print(f"  {half:26s} {size / MIB:8.1f} MiB  [{', '.join(names[d][0] for d in shape)}] {dtype}"
+              + ("  (an input of the half)" if is_input else ""))
+    print(f"  {'':26s} {total / MIB:8.1f} MiB  in all, inputs left out (the formula's compiled part: "
+          f"{sum(v for k, v in layer_saved(s, mode).items() if not k.startswith(('attention kernel', 'layer output'))) / MIB:.1f})")
 
 
 # ------------------------------------------------------------------------------------------ the measurement
@@ -264,6 +284,40 @@ class Probe:
     def close(self):
         for handle in self._handles:
             handle.remove()
+
+
+def saved_by_layer(layers, forward) -> dict:
+    """Bytes autograd saves during ``forward()`` (one forward, no backward), by where they were saved: before the
+    layers, in layer i, after them (final norm, head). Each storage counted once, where it was first saved. Inside a
+    compiled region it sees what the compiled function saves; inside an eager selective-recompute region, nothing
+    (that region's own hooks take over)."""
+    where, seen, found = ["before the layers"], set(), {}
+
+    def pack(t):
+        ptr = (t.device, t.untyped_storage().data_ptr())
+        if ptr not in seen:
+            seen.add(ptr)
+            entry = found.setdefault(where[0], {"mib": 0.0, "tensors": 0, "largest": []})
+            entry["mib"] += t.untyped_storage().nbytes() / MIB
+            entry["tensors"] += 1
+            entry["largest"].append((t.untyped_storage().nbytes() / MIB, f"{list(t.shape)} {str(t.dtype)[6:]}"))
+        return t
+
+    handles = []
+    for i, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(lambda *_a, _i=i: where.__setitem__(0, f"layer {_i}")))
+        handles.append(layer.register_forward_hook(lambda *_a: where.__setitem__(0, "after the layers")))
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = forward()
+        del out
+    finally:
+        for handle in handles:
+            handle.remove()
+    for entry in found.values():
+        entry["mib"] = round(entry["mib"], 1)
+        entry["largest"] = [f"{mib:.0f} MiB {what}" for mib, what in sorted(entry["largest"], reverse=True)[:6]]
+    return found
 
 
 def _features(b, width, device, dtype):
@@ -335,6 +389,12 @@ class Ours:
 
     def last(self):
         return self.worker.read_record()
+
+    def forward_only(self, delivery):
+        objective = self.worker.objective
+        blocks = objective.blocks(delivery.batch).pin_memory().to(delivery.features.device)
+        with self.worker._autocast():
+            return objective(delivery.features, blocks)[0]
 
     def instrumented(self, delivery, probe: Probe) -> dict:
         import draftline.objective.loss as objective_loss
@@ -412,6 +472,9 @@ class Peer:
                           hidden_states=delivery.features[None].to(torch.bfloat16),
                           loss_mask=b.loss_mask.long()[None].to(delivery.features.device))
 
+    def forward_only(self, delivery):
+        return self._forward(delivery)[0]
+
     def step(self, delivery):
         loss, _accuracy, _ = self._forward(delivery)
         loss.backward()
@@ -451,9 +514,14 @@ def _loss_of(record):
     return {"loss": record.loss, "grad_norm": record.grad_norm}
 
 
+def measures_memory(device: torch.device) -> bool:
+    """Whether the memory figures (torch.cuda's allocator statistics) exist for ``device``."""
+    return device.type == "cuda"
+
+
 def run_variant(name: str, args, cfg, device, dtype, shape: Shape) -> dict:
     opts = set(name.split("+"))
-    cuda = device.type == "cuda"
+    cuda = measures_memory(device)
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
@@ -520,6 +588,11 @@ def run_variant(name: str, args, cfg, device, dtype, shape: Shape) -> dict:
                                              marks.pop("forward_rest_peak", float("nan")))
             result["head"] = probe.head
             result.update(marks)
+        if args.saved_tensors:
+            try:
+                result["saved_tensors"] = saved_by_layer(arm.layers, lambda: arm.forward_only(delivery(batches[-1])))
+            except Exception as exc:  # noqa: BLE001 - a report beside the measurement, not the measurement
+                result["saved_tensors"] = {"failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
     finally:
         unpatch()
     if arm.predicted is not None:
@@ -586,6 +659,8 @@ def main() -> int:
     parser.add_argument("--predict", action="store_true", help="print the accounting and exit")
     parser.add_argument("--trace", action="store_true",
                         help="with --predict: what the compiled halves keep, traced on this machine (CPU is enough)")
+    parser.add_argument("--saved-tensors", action="store_true",
+                        help="also list what autograd saves in one more forward, by layer (saved-tensor hooks)")
     parser.add_argument("--json", type=Path, help="write the results (and the environment) here")
     args = parser.parse_args()
     cfg = build_drafter_config(target_config(args.shape), num_hidden_layers=args.layers, block_size=16)
@@ -596,9 +671,10 @@ def main() -> int:
             print_prediction(shape, predict(shape, mode, args.head_chunk_rows, headcopy),
                              f"recompute={mode!r}, head chunk {args.head_chunk_rows} rows"
                              + (", its gradient in its own buffer" if headcopy else ", gradient in place"))
+        print_peer_floor(shape)
         if args.trace:
             for mode in ("none", "cheap", "mlp"):
-                print_trace(mode)
+                print_trace(mode, shape)
         return 0
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -611,6 +687,10 @@ def main() -> int:
             print(results[-1]["failed"], flush=True)
         print(json.dumps({k: v for k, v in results[-1].items() if k not in ("step_ms", "losses")}), flush=True)
     print_table(results)
+    for r in results:
+        for where, entry in (r.get("saved_tensors") or {}).items():
+            print(f"  {r['variant']}: saved {where}: " + (entry if isinstance(entry, str) else
+                  f"{entry['mib']:.0f} MiB in {entry['tensors']} storages; largest {'; '.join(entry['largest'])}"))
     if args.json:
         args.json.write_text(json.dumps({"environment": environment(), "args": vars(args) | {"json": str(args.json)},
                                          "results": results}, indent=1, default=str))
