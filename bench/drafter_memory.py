@@ -16,6 +16,7 @@ Variants ('+'-joined options):
   eager                no compilation
   ckpt                 whole decoder layers recomputed (``--activation-checkpointing``)
   headcopy             the LM head's gradient in a buffer of its own (the code before the in-place gradient)
+  bf16moments          AdamW's moments in bf16, rounded stochastically (``optim.AdamWBf16Moments``: not exact)
   chunkN               N rows of logits per head chunk (default ``--head-chunk-rows``)
   peer                 SpecForge 0.2.0's DFlash step: its draft model, training wrapper, chunked loss and
                        BF16Optimizer, on the same sample and features (needs ``specforge``, installed --no-deps)
@@ -109,13 +110,13 @@ def layer_saved(s: Shape, mode: str) -> dict[str, int]:
     return saved
 
 
-def predict(s: Shape, mode: str, chunk_rows: int, head_copy: bool) -> dict:
+def predict(s: Shape, mode: str, chunk_rows: int, head_copy: bool, moments: str = "fp32") -> dict:
     """The step's memory by component and its phases' totals (bytes)."""
     P, H, Q, T, M = s.params(), s.hidden, s.query_rows, s.context_rows, s.label_rows
     R = min(chunk_rows, M)
     fixed = {
         "fp32 master weights": 4 * P,
-        "AdamW moments (fp32 exp_avg, exp_avg_sq)": 8 * P,
+        f"AdamW moments ({moments} exp_avg, exp_avg_sq)": (8 if moments == "fp32" else 4) * P,
         "frozen embedding + LM head (bf16)": 2 * 2 * s.vocab * H,
         "features of one batch (bf16)": 2 * T * s.feature_layers * H,
     }
@@ -356,10 +357,17 @@ class Ours:
         mode = next((m for m in ("none", "cheap", "mlp") if m in opts), "cheap")
         if "eager" not in opts and device.type == "cuda":
             compile_drafter(self.worker.drafter, recompute=mode)
+        moments = "bf16" if "bf16moments" in opts else "fp32"
+        if moments != "fp32":
+            from draftline.config import OptimConfig
+            from draftline.pipeline.optim import build_optimizer, build_scheduler
+
+            self.worker.optimizer = build_optimizer(self.worker.drafter, OptimConfig(), moments=moments)
+            self.worker.scheduler = build_scheduler(self.worker.optimizer, OptimConfig(), 1000)
         self.headcopy = "headcopy" in opts
         self.layers = self.worker.drafter.layers
         self.width = self.worker.objective.feature_width
-        self.predicted = None if "eager" in opts or "ckpt" in opts else (mode, chunk, self.headcopy)
+        self.predicted = None if "eager" in opts or "ckpt" in opts else (mode, chunk, self.headcopy, moments)
 
     def patch(self):
         """Swap in the head-loss body of the code before the in-place gradient (a second [R, V] buffer)."""
@@ -596,8 +604,7 @@ def run_variant(name: str, args, cfg, device, dtype, shape: Shape) -> dict:
     finally:
         unpatch()
     if arm.predicted is not None:
-        mode, chunk, headcopy = arm.predicted
-        result["predicted_peak_gib"] = predict(shape, mode, chunk, headcopy)["peak"] / GIB
+        result["predicted_peak_gib"] = predict(shape, *arm.predicted)["peak"] / GIB
     del arm
     gc.collect()
     if cuda:
@@ -667,10 +674,12 @@ def main() -> int:
     anchors = min(args.anchors, args.tokens - 1)
     shape = Shape.of(cfg, args.tokens, anchors)
     if args.predict:
-        for mode, headcopy in (("none", True), ("cheap", False), ("mlp", False)):
-            print_prediction(shape, predict(shape, mode, args.head_chunk_rows, headcopy),
+        for mode, headcopy, moments in (("none", True, "fp32"), ("cheap", False, "fp32"), ("mlp", False, "fp32"),
+                                        ("cheap", False, "bf16")):
+            print_prediction(shape, predict(shape, mode, args.head_chunk_rows, headcopy, moments),
                              f"recompute={mode!r}, head chunk {args.head_chunk_rows} rows"
-                             + (", its gradient in its own buffer" if headcopy else ", gradient in place"))
+                             + (", its gradient in its own buffer" if headcopy else ", gradient in place")
+                             + f", {moments} AdamW moments")
         print_peer_floor(shape)
         if args.trace:
             for mode in ("none", "cheap", "mlp"):

@@ -40,10 +40,11 @@ def test_variants_run_on_cpu(capsys):
                                  warmup=1, iters=1, saved_tensors=True)
     cfg = build_drafter_config(target_config("tiny"), num_hidden_layers=2, block_size=16)
     shape = dm.Shape.of(cfg, 200, 8)
-    variants = ["cheap", "none+headcopy"] + (["peer"] if importlib.util.find_spec("specforge") else [])
+    variants = ["cheap", "none+headcopy", "cheap+bf16moments"] + (["peer"] if importlib.util.find_spec("specforge") else [])
     results = [dm.run_variant(v, args, cfg, torch.device("cpu"), torch.float32, shape) for v in variants]
-    ours = [r["losses"] for r in results[:2]]
+    ours = [r["losses"] for r in results[:3]]
     assert ours[0] == ours[1] and len(ours[0]) == 2  # same seeds, same batches: the same losses on the CPU path
+    assert ours[2][0] == ours[0][0] and ours[2][1] != ours[0][1]  # other moments: the same first step, not the second
     for r in results:
         assert r["step_ms_median"] > 0 and "layer 1" in r["saved_tensors"]
     dm.print_table(results)
