@@ -2,8 +2,8 @@
 every rank of the group, the features of the unsplit target in one process.
 
 Two groups, of 2 and of 3 ranks, are parts of one job of 5 ranks, so each split runs on a process group that is not
-the whole job (the other group's ranks take part only in creating it, as drafter ranks would). One packed batch of several documents, fp32;
-the reference is ``TargetFeatures`` without a group, in this process. Dense (Qwen3), routed experts split over the
+the whole job (the other group's ranks take part only in creating it, as drafter ranks would). One packed batch of
+several documents, fp32; the reference is ``TargetFeatures`` without a group, in this process. Dense (Qwen3), routed experts split over the
 group (Qwen3-MoE, with a dense layer too) and the hybrid Gated DeltaNet family (Qwen3.5, dense and MoE), each with
 6 attention heads, 6 KV heads and 6 experts so that 2 and 3 both divide them.
 """
