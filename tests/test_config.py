@@ -399,3 +399,22 @@ def test_every_flag_that_src_names_is_an_option_of_a_command():
     unknown = {(flag, str(path.relative_to(SRC))) for path, tree in _sources() for text, _ in _strings(tree)
                for flag in FLAG.findall(text) if flag not in options}
     assert not unknown, sorted(unknown)
+
+
+# plan's options of the same name as train's that are another value: one dataset to read lengths from,
+# the node's GPU count, one GPU's memory, the device --measure times on.
+PLAN_OWN = {"--data", "--gpus", "--gpu-memory-gib", "--device"}
+
+
+def test_plan_takes_the_train_options_it_shares_from_their_fields():
+    _, plan = command_parser("plan")
+    shared = 0
+    for action in plan._actions:
+        flag = next((o for o in action.option_strings if o in DECLARED), None)
+        if flag is None or flag in PLAN_OWN:
+            continue
+        section, name = DECLARED[flag]
+        assert f"(train's [{section}] {name}" in action.help, flag
+        assert action.default == getattr(sections()[section](), name) and action.metavar, flag
+        shared += 1
+    assert shared == 9
