@@ -276,6 +276,36 @@ def test_validate_names_the_key_and_the_flag_of_each_field_it_rejects(section, n
         validate(config)
 
 
+# The range or choices of each field that validate checks on its own: a change here changes what a config may hold.
+RANGES = {
+    "> 0": {
+        "model.draft_layers", "data.token_budget", "data.max_batch_size", "data.max_anchors", "data.epochs",
+        "optim.lr", "optim.loss_gamma", "optim.grad_accum", "optim.global_batch_tokens", "optim.max_steps",
+        "optim.max_minutes", "optim.max_bad_steps", "topology.targets", "topology.drafters", "topology.gpus",
+        "topology.q_pre", "topology.q_hs", "topology.failure_timeout_s", "checkpoint.keep",
+        "monitor.eval_num_prompts", "monitor.eval_max_new_tokens", "monitor.eval_final_num_prompts",
+        "monitor.eval_final_max_new_tokens", "engine.head_chunk_rows", "engine.gpu_memory_gib"},
+    ">= 2": {"model.block_size"},
+    "auto, bfloat16 or float32": {"model.dtype"},
+    "in [0, 1]": {"optim.min_lr_ratio", "optim.distill"},
+    "in [0, 1)": {"optim.warmup_ratio"},
+    ">= 0": {"optim.grad_clip"},
+    "dflash or dpace": {"optim.loss"},
+    "in (0, 1]": {"optim.dpace_alpha"},
+    "auto, shard or replicate": {"topology.drafter_state"},
+    "auto, cuda or cpu": {"topology.device"},
+    "auto, flex, flash or dense": {"engine.attention"},
+}
+
+
+def test_the_checked_fields_and_their_ranges_are_validates_of_before():
+    declared: dict[str, set[str]] = {}
+    for section, _, f in declared_fields():
+        if option(f).check is not None:
+            declared.setdefault(str(option(f).check), set()).add(f"{section}.{f.name}")
+    assert declared == RANGES
+
+
 def test_the_ranges_read_as_the_messages_say_them():
     assert [str(Within(0, low_open=True)), str(Within(0)), str(Within(2))] == ["> 0", ">= 0", ">= 2"]
     assert [str(Within(0, 1)), str(Within(0, 1, high_open=True)), str(Within(0, 1, low_open=True))] == [
