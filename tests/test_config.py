@@ -298,7 +298,7 @@ RANGES = {
 }
 
 
-def test_the_checked_fields_and_their_ranges_are_validates_of_before():
+def test_the_checked_fields_and_their_ranges():
     declared: dict[str, set[str]] = {}
     for section, _, f in declared_fields():
         if option(f).check is not None:

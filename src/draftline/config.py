@@ -355,7 +355,7 @@ def _optional(hint: Any) -> bool:
 def validate(config: TrainConfig) -> None:
     """Raise DraftlineError naming the field and the fix for anything that cannot run: the required
     fields, each field's own range or choices, then the rules between fields."""
-    m, d, o, t, c, e = config.model, config.data, config.optim, config.topology, config.checkpoint, config.engine
+    m, d, o, c, e = config.model, config.data, config.optim, config.checkpoint, config.engine
     for section, name, what in ((config, "out", "the run directory for checkpoints and metrics"),
                                 (m, "target", "the target model directory"),
                                 (d, "data", "a prepared dataset directory or input files")):
