@@ -312,6 +312,10 @@ def test_the_ranges_read_as_the_messages_say_them():
         "in [0, 1]", "in [0, 1)", "in (0, 1]"]
     assert str(OneOf(("auto", "cuda", "cpu"))) == "auto, cuda or cpu"
     assert Within(0, 1, high_open=True).allows(0) and not Within(0, 1, high_open=True).allows(1)
+    config = _valid()
+    config.data.token_budget = None  # set in code, not from a file (whose types are checked)
+    with pytest.raises(DraftlineError, match=re.escape("data.token_budget (--token-budget) must be > 0, got None")):
+        validate(config)
 
 
 def _set(config, **fields):

@@ -29,6 +29,8 @@ class Within:
     high_open: bool = False
 
     def allows(self, value: Any) -> bool:
+        if not isinstance(value, (int, float)):  # None where a number must be
+            return False
         above = value > self.low if self.low_open else value >= self.low
         below = self.high is None or (value < self.high if self.high_open else value <= self.high)
         return above and below
