@@ -35,14 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def command_parser(name: str):
-    """``(module, parser)`` of one command: the module's own options; one it leaves unexplained that
-    is also a ``train`` option gets train's explanation (one source for what an option means)."""
-    from draftline.commands.train import explain_like_train
-
+    """``(module, parser)`` of one command, with the module's options."""
     module = importlib.import_module(f"draftline.commands.{COMMANDS[name][0]}")
     parser = argparse.ArgumentParser(prog=f"draftline {name}", description=COMMANDS[name][1])
     module.add_arguments(parser)
-    explain_like_train(parser)
     return module, parser
 
 

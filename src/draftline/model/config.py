@@ -13,6 +13,7 @@ from typing import Any
 
 from transformers import PretrainedConfig, Qwen3Config
 
+from draftline.config import flag_of
 from draftline.errors import DraftlineError
 from draftline.model.linear_attention import is_hybrid
 
@@ -251,22 +252,23 @@ def check_matches_target(drafter: Qwen3Config, target_config: PretrainedConfig) 
 def refuse_shape_flags(model: Any, drafter: Qwen3Config) -> None:
     """A warm start from a released drafter takes the drafter's own shape: a flag of the run's ``[model]``
     section (``draftline.config.ModelConfig``) that asks for another one is refused, not ignored."""
-    asked = {
-        "--draft-layers": (model.draft_layers, drafter.num_hidden_layers),
-        "--block-size": (model.block_size, drafter.block_size),
-        "--target-layer-ids": (model.target_layer_ids, target_layer_ids(drafter)),
-        "--mask-token-id": (model.mask_token_id, mask_token_id(drafter)),
-        "--layer-types": (model.layer_types, list(drafter.layer_types or [])),
-        "--sliding-window": (model.sliding_window, drafter.sliding_window),
+    has = {
+        "draft_layers": drafter.num_hidden_layers,
+        "block_size": drafter.block_size,
+        "target_layer_ids": target_layer_ids(drafter),
+        "mask_token_id": mask_token_id(drafter),
+        "layer_types": list(drafter.layer_types or []),
+        "sliding_window": drafter.sliding_window,
     }
-    clash = [f"{flag} {given} (the drafter has {has})" for flag, (given, has) in asked.items()
-             if given is not None and given != has]
+    clash = [f"{flag_of(model, name)} {getattr(model, name)} (the drafter has {value})" for name, value in has.items()
+             if getattr(model, name) is not None and getattr(model, name) != value]
+    init = flag_of(model, "init_drafter")
     if clash:
         raise DraftlineError(
-            f"--init-drafter {model.init_drafter} fixes the drafter's shape, but " + "; ".join(clash)
-            + ": drop these flags (the drafter's own values are used), or start without --init-drafter")
+            f"{init} {model.init_drafter} fixes the drafter's shape, but " + "; ".join(clash)
+            + f": drop these flags (the drafter's own values are used), or start without {init}")
     if model.init_from_target:
-        raise DraftlineError("--init-drafter and --init-from-target both set the starting weights; pick one")
+        raise DraftlineError(f"{init} and {flag_of(model, 'init_from_target')} both set the starting weights; pick one")
 
 
 def target_layer_ids(config: Qwen3Config) -> list[int]:
