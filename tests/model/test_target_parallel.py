@@ -99,7 +99,7 @@ def test_a_target_group_gives_the_unsplit_targets_features_on_every_rank(split, 
 def test_a_group_size_that_does_not_divide_the_heads_is_refused_before_loading(targets):
     config = load_target_config(targets["qwen3"])
     check_group_size(config, 3)
-    with pytest.raises(DraftlineError, match=r"6 attention heads, 6 key/value heads.*--target-parallel 2 or 3 or 6"):
+    with pytest.raises(DraftlineError, match=r"6 attention heads, 6 key/value heads.*Use the target group size 2 or 3 or 6"):
         check_group_size(config, 4)
     with pytest.raises(DraftlineError, match=r"6 experts"):
         check_group_size(load_target_config(targets["qwen3_moe"]), 4)

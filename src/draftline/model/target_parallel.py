@@ -32,7 +32,7 @@ def num_experts(text: PretrainedConfig) -> int:
     return int(getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None) or 0)
 
 
-def check_group_size(config: PretrainedConfig, size: int, where: str = "--target-parallel") -> None:
+def check_group_size(config: PretrainedConfig, size: int, where: str = "the target group size") -> None:
     """Refuse, before any weight is read, a group size the model cannot be split by: attention heads, KV heads and
     experts must divide by it (transformers would split a head across ranks)."""
     if size < 1:
@@ -43,7 +43,7 @@ def check_group_size(config: PretrainedConfig, size: int, where: str = "--target
     if not getattr(text, "base_model_tp_plan", None):
         raise DraftlineError(
             f"{where} {size}: the target's model type {text.model_type!r} has no tensor-parallel plan in transformers "
-            "(base_model_tp_plan); run it with one GPU per target (--target-parallel 1)."
+            f"(base_model_tp_plan); run it with one GPU per target ({where} 1)."
         )
     heads = int(text.num_attention_heads)
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
@@ -56,7 +56,7 @@ def check_group_size(config: PretrainedConfig, size: int, where: str = "--target
         listed = ", ".join(f"{n} {name}" for name, n in sizes.items())
         raise DraftlineError(
             f"{where} {size}: the target has {listed}; each must divide by the group size, so that every rank holds "
-            f"whole heads{' and whole experts' if 'experts' in sizes else ''}. Use --target-parallel "
+            f"whole heads{' and whole experts' if 'experts' in sizes else ''}. Use {where} "
             + (" or ".join(str(k) for k in fits) if fits else "1")
             + "."
         )
@@ -66,7 +66,7 @@ def _require_accelerate() -> None:
     # transformers' sharded loading places the weights through a device map, which needs accelerate.
     if importlib.util.find_spec("accelerate") is None:
         raise DraftlineError(
-            "a target split over several ranks (--target-parallel > 1) needs the `accelerate` package, which "
+            "a target split over several ranks needs the `accelerate` package, which "
             "transformers' tensor-parallel loading uses: pip install accelerate"
         )
 
