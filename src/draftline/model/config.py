@@ -26,7 +26,7 @@ _SIZE_FIELDS = (
 
 # Rope fields of a target's attention that a Qwen3 drafter layer does not have (the drafter rotates
 # whole heads with one frequency set, as the public drafters for these targets do).
-_TARGET_ONLY_ROPE = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
+TARGET_ONLY_ROPE = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
 DEFAULT_DRAFT_LAYERS = 5
 DEFAULT_BLOCK_SIZE = 16
@@ -80,13 +80,14 @@ def text_config(config: PretrainedConfig) -> PretrainedConfig:
     return getter() if getter is not None else config
 
 
-def _rope_parameters(target: PretrainedConfig) -> dict[str, Any]:
+def drafter_rope_parameters(target: PretrainedConfig) -> dict[str, Any]:
+    """The target's RoPE settings a drafter layer takes (``TARGET_ONLY_ROPE`` left out)."""
     rope = getattr(target, "rope_parameters", None)
     if rope is None:  # transformers 4-style configs
         rope = dict(getattr(target, "rope_scaling", None) or {})
         rope.setdefault("rope_type", rope.pop("type", "default"))
         rope["rope_theta"] = getattr(target, "rope_theta", 10000.0)
-    rope = {k: v for k, v in rope.items() if k not in _TARGET_ONLY_ROPE}
+    rope = {k: v for k, v in rope.items() if k not in TARGET_ONLY_ROPE}
     if "rope_type" not in rope:
         raise DraftlineError(
             "the target config's rope_parameters is per layer type, which the DFlash drafter "
@@ -149,7 +150,7 @@ def build_drafter_config(
         hidden_act="silu",
         attention_bias=False,
         attention_dropout=0.0,
-        rope_parameters=_rope_parameters(target),
+        rope_parameters=drafter_rope_parameters(target),
         tie_word_embeddings=bool(getattr(target_config, "tie_word_embeddings", False)),
         layer_types=list(layer_types),
         use_sliding_window="sliding_attention" in layer_types,
