@@ -9,6 +9,8 @@ official DFlash code, SGLang and vLLM load it as it is; its config object is the
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 from transformers import PretrainedConfig, Qwen3Config
@@ -268,6 +270,36 @@ def refuse_shape_flags(model: Any, drafter: Qwen3Config) -> None:
             + ": drop these flags (the drafter's own values are used), or start without --init-drafter")
     if model.init_from_target:
         raise DraftlineError("--init-drafter and --init-from-target both set the starting weights; pick one")
+
+
+def refuse_changed_drafter(checkpoint: str | Path, config: Qwen3Config) -> None:
+    """A resume continues the drafter ``checkpoint`` holds (its ``drafter/config.json``): a run whose flags
+    or defaults resolve to another drafter ``config`` is refused, not trained on with another mask row
+    or other feature layers. A checkpoint without that file is not compared."""
+    saved_file = Path(checkpoint) / "drafter" / "config.json"
+    if not saved_file.is_file():
+        return
+    saved = json.loads(saved_file.read_text())
+    dflash = saved.get("dflash_config") or {}
+    fields = {
+        "--mask-token-id": (dflash.get("mask_token_id"), mask_token_id(config)),
+        "--target-layer-ids": (dflash.get("target_layer_ids"), target_layer_ids(config)),
+        "--block-size": (saved.get("block_size"), config.block_size),
+        "--draft-layers": (saved.get("num_hidden_layers"), config.num_hidden_layers),
+        "--layer-types": (saved.get("layer_types"), list(config.layer_types or [])),
+        "--sliding-window": (saved.get("sliding_window"), config.sliding_window),
+    }
+    changed = [(flag, had, now) for flag, (had, now) in fields.items() if had is not None and had != now]
+    if changed:
+        raise DraftlineError(
+            f"{checkpoint}: a resume continues the drafter this checkpoint holds, but this run resolves another: "
+            + "; ".join(f"{flag} {now} (the checkpoint's drafter has {had})" for flag, had, now in changed)
+            + ": resume with " + " ".join(f"{flag} {_flag_value(had)}" for flag, had, _ in changed)
+            + ", or start a new run (--from-scratch, or another --out)")
+
+
+def _flag_value(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def target_layer_ids(config: Qwen3Config) -> list[int]:
