@@ -70,3 +70,20 @@ def test_the_refusal_is_a_message_and_an_exit_code_not_a_traceback(masked_target
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert _REFUSED in result.stderr and "(2 problems;" in result.stderr, result.stderr[-3000:]
     assert not out.exists()
+
+
+def test_a_resume_continues_its_drafter_with_a_warning_not_a_refusal(masked_target, capsys):
+    """A run that an older default started with mask row 319 can still be resumed: the rules are said as a
+    warning that export will refuse the drafter until it is mended, not raised."""
+    from draftline.config import TrainConfig
+    from draftline.pipeline.spec import ModelSpec
+
+    config = TrainConfig()
+    config.model.target, config.model.mask_token_id = str(masked_target), 319
+    with pytest.raises(Exception, match="would not load as it is trained"):
+        ModelSpec.resolve(config)
+    config.checkpoint.resume = True
+    spec = ModelSpec.resolve(config)
+    assert spec.drafter_config.dflash_config["mask_token_id"] == 319
+    out = capsys.readouterr().out
+    assert "draftline: warning:" in out and "`draftline export` will refuse it" in out and "mask_token_id 300" in out

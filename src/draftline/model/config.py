@@ -15,7 +15,7 @@ from typing import Any
 
 from transformers import PretrainedConfig, Qwen3Config
 
-from draftline.config import flag_of
+from draftline.config import ModelConfig, flag_of
 from draftline.errors import DraftlineError
 from draftline.model.linear_attention import is_hybrid
 
@@ -284,14 +284,15 @@ def refuse_changed_drafter(checkpoint: str | Path, config: Qwen3Config) -> None:
     saved = json.loads(saved_file.read_text())
     dflash = saved.get("dflash_config") or {}
     fields = {
-        "--mask-token-id": (dflash.get("mask_token_id"), mask_token_id(config)),
-        "--target-layer-ids": (dflash.get("target_layer_ids"), target_layer_ids(config)),
-        "--block-size": (saved.get("block_size"), config.block_size),
-        "--draft-layers": (saved.get("num_hidden_layers"), config.num_hidden_layers),
-        "--layer-types": (saved.get("layer_types"), list(config.layer_types or [])),
-        "--sliding-window": (saved.get("sliding_window"), config.sliding_window),
+        "mask_token_id": (dflash.get("mask_token_id"), mask_token_id(config)),
+        "target_layer_ids": (dflash.get("target_layer_ids"), target_layer_ids(config)),
+        "block_size": (saved.get("block_size"), config.block_size),
+        "draft_layers": (saved.get("num_hidden_layers"), config.num_hidden_layers),
+        "layer_types": (saved.get("layer_types"), list(config.layer_types or [])),
+        "sliding_window": (saved.get("sliding_window"), config.sliding_window),
     }
-    changed = [(flag, had, now) for flag, (had, now) in fields.items() if had is not None and had != now]
+    changed = [(flag_of(ModelConfig, name), had, now) for name, (had, now) in fields.items()
+               if had is not None and had != now]
     if changed:
         raise DraftlineError(
             f"{checkpoint}: a resume continues the drafter this checkpoint holds, but this run resolves another: "

@@ -148,7 +148,10 @@ class ModelSpec:
             )
             # The serving check's config rules, before anything is loaded: a drafter an engine would load
             # differently from how it is trained is refused now, not at export after the run.
-            check_drafter_config(drafter_config, m.target, target_config)
+            # A resume continues the drafter its checkpoint holds, whatever the rules say now: warned, not refused.
+            for warning in check_drafter_config(drafter_config, m.target, target_config,
+                                                refuse=not config.checkpoint.resume):
+                print(f"draftline: warning: {warning}", flush=True)
             init, source = INIT_RANDOM if m.init_from_target is False else INIT_TARGET, None
         return cls.from_configs(target_config, drafter_config, target=m.target, distill=distill, init=init,
                                 init_source=source)

@@ -67,21 +67,28 @@ def check_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig,
     return check.warnings
 
 
-def check_drafter_config(config: PretrainedConfig, target_dir: str | Path, target_config: PretrainedConfig) -> list[str]:
+def check_drafter_config(config: PretrainedConfig, target_dir: str | Path, target_config: PretrainedConfig,
+                         *, refuse: bool = True) -> list[str]:
     """The config rules applied to the drafter a run is about to train, before anything is loaded: raise
     DraftlineError naming each field (and the flag that sets it) with the fix; return the warnings.
 
     What is checked is the config.json the run's export would write; its tensors come from the same
-    config, so only the config rules apply. ``target_config``: the target directory's config, as read."""
+    config, so only the config rules apply. ``target_config``: the target directory's config, as read.
+    ``refuse=False`` (a resume: the drafter is the one its checkpoint holds) returns the refusals among the
+    warnings, each saying that the export will refuse it, instead of raising."""
     import torch
 
     data = drafter_config_dict(config, torch.float32)  # the dtype written names no rule
     check = ServingCheck(Path(target_dir), data=data, config=config)
     check_config(data, Path(target_dir), text_config(target_config), check)
     refused = check.refused()
+    lines = [f"  - {f.subject}" + (f" ({TRAIN_FLAGS[f.subject]})" if f.subject in TRAIN_FLAGS else "")
+             + f": {f.problem}. Fix: {f.fix}" for f in refused]
+    if refused and not refuse:
+        return [f"the drafter this run continues is one {engines()} would not load as it is trained "
+                f"({count(refused)}); `draftline export` will refuse it until this is mended:\n" + "\n".join(lines),
+                *check.warnings]
     if refused:
-        lines = [f"  - {f.subject}" + (f" ({TRAIN_FLAGS[f.subject]})" if f.subject in TRAIN_FLAGS else "")
-                 + f": {f.problem}. Fix: {f.fix}" for f in refused]
         raise DraftlineError(
             f"the drafter this run would train is one {engines()} would not load as it is trained, against the "
             f"target {target_dir} ({count(refused)}; rules read from their sources, not a run of their code); "
