@@ -7,7 +7,7 @@
 `splits` runs `draftline train --gpus N --targets T` for T = 1..N-1, `--gpus N --colocated` (a
 target and a drafter on every GPU, data-parallel drafters), and the one-GPU colocated line as the
 per-GPU baseline, on a random target saved with save_pretrained and random packed data
-(line_bench.line_inputs), and prints one table from each run's metrics.jsonl (steady state: tokens
+(bench_line.line_inputs), and prints one table from each run's metrics.jsonl (steady state: tokens
 trained over the second half of the logged intervals): Ktok/s, Ktok/s per GPU against colocated, MFU, queue
 depths, waits per side, memory per GPU, and the hidden-state transfer (GB/s of the sends and the
 share of the wall time the link was busy).
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from line_bench import line_inputs  # noqa: E402
+from bench_line import line_inputs  # noqa: E402
 
 
 def read_jsonl(path: Path) -> list[dict]:
