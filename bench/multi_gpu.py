@@ -194,16 +194,19 @@ def run_failure(args, work: Path, victim: int, role: str, targets: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["splits", "failures", "both"])
-    parser.add_argument("--shape", default="8b")
-    parser.add_argument("--gpus", type=int, default=torch.cuda.device_count() or 3)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--budget", type=int, default=32768)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--samples", type=int, default=600)
-    parser.add_argument("--q-hs", type=int, default=4)
+    parser.add_argument("mode", choices=["splits", "failures", "both"], help="what to run (above)")
+    parser.add_argument("--shape", default="8b", help="the target's shape, as bench_line.py names them (default: %(default)s)")
+    parser.add_argument("--gpus", type=int, default=torch.cuda.device_count() or 3,
+                        help="GPUs (or CPU ranks) to split (default: every visible GPU, 3 without CUDA)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda, or cpu for CPU ranks over gloo (default: cuda when present)")
+    parser.add_argument("--budget", type=int, default=32768, help="train's --token-budget (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per layout in splits (default: %(default)s)")
+    parser.add_argument("--samples", type=int, default=600, help="random samples in the dataset (default: %(default)s)")
+    parser.add_argument("--q-hs", type=int, default=4, help="train's --q-hs, batches of features queued (default: %(default)s)")
     parser.add_argument("--max-anchors", type=int, help="per document (default: the trainer's); small on CPU")
-    parser.add_argument("--timeout", type=float, default=400)
+    parser.add_argument("--timeout", type=float, default=400,
+                        help="seconds one run may take before its process group is killed (default: %(default)s)")
     parser.add_argument("--no-colocated", action="store_true", help="skip the one-GPU baseline")
     parser.add_argument("--workdir", help="keeps the random target and data (reused if present)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
