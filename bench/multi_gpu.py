@@ -67,7 +67,8 @@ def summarize(out: Path, gpus: int, name: str) -> dict:
     span = end["elapsed_s"] - first["elapsed_s"]
     ktok_s = (end["tokens"] - first["tokens"]) / span / 1e3 if span > 0 and end["tokens"] > first["tokens"] else med("ktok_s")
     tflops = ktok_s * statistics.median(r["tflops"] / r["ktok_s"] for r in last)
-    mfu_value = tflops * statistics.median(r["mfu"] / r["tflops"] for r in last if r["tflops"])
+    ratios = [r["mfu"] / r["tflops"] for r in last if r["tflops"] and r.get("mfu") is not None]  # no MFU on CPU
+    mfu_value = tflops * statistics.median(ratios) if ratios else float("nan")
     mem: dict[int, float] = {}
     for r in last:
         for g in r.get("gpus", []):
@@ -216,7 +217,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.gpus < 2:
         parser.error("needs at least 2 GPUs (or --device cpu with --gpus >= 2)")
-    work = line_inputs(args.shape, args.budget, args.samples, args.workdir, torch.device(args.device))
+    work, _ = line_inputs(args.shape, args.budget, args.samples, args.workdir, torch.device(args.device))
     results: dict = {"shape": args.shape, "gpus": args.gpus, "budget": args.budget}
     if args.mode in ("splits", "both"):
         results["splits"] = run_splits(args, work)
