@@ -9,7 +9,7 @@ SPECULATORS := "speculators==0.9.0" "hs-connectors==0.9.0" "loguru==0.7.3" "open
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean
+.PHONY: demo test clean
 
 # The demo needs draftline and torch; the tests add pytest and the references they compare against.
 $(BIN)/.demo: pyproject.toml Makefile

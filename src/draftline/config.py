@@ -264,7 +264,7 @@ class EngineConfig:
     about 1/3 more drafter compute. Turn it on when the drafter runs out of memory at the token budget you want."""
     compile: bool = opt(True, off="--no-compile")
     """On CUDA, torch.compile the dense parts of the drafter's training step and of the target's feature
-    pass (fused norms, RoPE, SwiGLU, residuals: docs/PERF_NOTES.md); ``--no-compile`` runs them eager
+    pass (fused norms, RoPE, SwiGLU, residuals: docs/benchmarks/2026-12-drafter-step.md); ``--no-compile`` runs them eager
     (faster start, slower steps; to rule compilation out when debugging). No effect on CPU."""
     preflight: bool = opt(True, off="--no-preflight")
     """On GPU, run each role's worst-case batch before training and refuse a configuration that would
