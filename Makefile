@@ -26,6 +26,9 @@ $(BIN)/.installed: $(BIN)/.demo
 	# A third-party consumer of the export format: speculators' DFlash converter, with only what its
 	# import needs (its full install pins torchvision/torchaudio and an older transformers).
 	$(BIN)/pip install -q --no-deps $(SPECULATORS)
+	# An older transformers (before its cache rewinds linear-attention layers), beside the environment, not in it:
+	# tests/evaluate/test_old_transformers.py runs the decoder's own rollback on it in a subprocess.
+	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/compat/transformers-5.24.0 "transformers==5.24.0"
 	touch $@
 
 # The demo's 9.5 minutes count from the moment `make demo` was typed: the set-up's time is theirs too.
