@@ -233,6 +233,10 @@ def run_demo(cfg: DemoConfig) -> dict:
         max_minutes = training_limit_s(probe_now, left, expected) / 60
         max_steps = step_cap(expected, size.most_steps)
         stages.planned_end = time.time() + tail_seconds(probe_now) + max_minutes * 60
+        late = tail_seconds(probe_now) + max_minutes * 60 - left
+        if late > 1:  # the fewest steps take longer than the time left: said, not hidden in the ETA
+            print(f"  behind its plan: the fewest steps the demo trains end it about {late / 60:.1f} min after its "
+                  f"{cfg.minutes:g} minutes", flush=True)
     stages.header("train", f"{cfg.gpus} processes on CPU, each a target and a drafter (torchrun, gloo)"
                   + (f", {max_minutes:.1f} min of steps, about {expected} here ({probe_now * 1000:.0f} ms per pass now; "
                      f"at most {max_steps}; the learning rate's schedule follows the time)" if max_steps else ""))
