@@ -177,6 +177,13 @@ def _die_with_launcher() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from draftline.pipeline.signals import handlers_kept
+
+    with handlers_kept():  # called in a process that goes on (tests): its own handlers back at the end
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from draftline.pipeline.signals import interrupt_until_training
 
     interrupt_until_training()  # a stop before the line handles signals: a message, not a traceback
