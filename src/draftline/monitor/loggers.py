@@ -87,10 +87,13 @@ class JsonlLogger:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd: int | None = open_for_append(self.path)
+        self._lock = threading.Lock()  # the monitor's thread and the training thread both log: one record at a time
 
     def log(self, record: dict[str, Any]) -> None:
-        append_line(self._fd, json.dumps(_json_safe(record), allow_nan=False) + "\n", self.path, "a metrics record to",
-                    "free space there (the run's checkpoints need it too) or move --out to a larger disk")
+        line = json.dumps(_json_safe(record), allow_nan=False) + "\n"
+        with self._lock:
+            append_line(self._fd, line, self.path, "a metrics record to",
+                        "free space there (the run's checkpoints need it too) or move --out to a larger disk")
 
     def close(self) -> None:
         if self._fd is not None:
