@@ -75,24 +75,24 @@ def make_qwen3_5_target(path, *, seed=0, **overrides):
     return path
 
 
-def make_qwen3_5_moe_target(path, *, seed=0):
+def make_qwen3_5_moe_target(path, *, seed=0, **overrides):
     """A tiny ``qwen3_5_moe_text`` target: routed experts plus a shared expert."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
     torch.manual_seed(seed)
-    config = Qwen3_5MoeTextConfig(**_HYBRID, **_MOE, shared_expert_intermediate_size=32)
+    config = Qwen3_5MoeTextConfig(**{**_HYBRID, **_MOE, "shared_expert_intermediate_size": 32, **overrides})
     Qwen3_5MoeForCausalLM(config).float().save_pretrained(path)
     return path
 
 
-def make_qwen3_moe_target(path, *, seed=0):
+def make_qwen3_moe_target(path, *, seed=0, **overrides):
     """A tiny ``qwen3_moe`` target (full attention, routed experts)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3MoeConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                            initializer_range=0.2, **_MOE)
+    config = Qwen3MoeConfig(**{**dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=512, initializer_range=0.2, **_MOE), **overrides})
     Qwen3MoeForCausalLM(config).float().save_pretrained(path)
     return path
 

@@ -129,3 +129,12 @@ def test_launched_ranks_share_the_cores_out(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice stays
     train_command._launch_env("cuda", 4)
     assert os.environ["OMP_NUM_THREADS"] == "3"
+
+
+def test_an_in_process_run_gives_the_signal_handlers_back(qwen3_target, line_data, tmp_path):
+    """`draftline train` called inside a process that goes on (a test session): afterwards SIGTERM and SIGINT
+    do what they did before; left to StopSignals, a SIGTERM would only ask a finished run to stop."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    assert main(["train", *base_args(qwen3_target, line_data, tmp_path / "run", max_steps=2)]) == 0
+    assert main(["train", *base_args(qwen3_target, line_data, tmp_path / "bad", max_steps=2), "--lr", "-1"]) == 2
+    assert {sig: signal.getsignal(sig) for sig in before} == before

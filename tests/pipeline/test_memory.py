@@ -166,25 +166,26 @@ def test_a_target_pass_out_of_memory_names_rank_pass_and_batch_sizes(qwen3_targe
 
 
 # ---------------------------------------------------------------- on a GPU: a real line into a real limit
-@pytest.mark.gpu
-def test_gpu_a_real_out_of_memory_mid_run_is_named_with_the_batch_and_exits_1(tmp_path, monkeypatch, capsys):
-    """A tiny line on CUDA (--no-preflight); after step 2 the process is capped (per-process memory
-    fraction) below what a pass needs, so the next pass runs out of memory for real. About 30-60 s on
-    one GPU (CUDA start, flex attention compiled for the target and the drafter, 3 steps)."""
-    from draftline.pipeline import loop
-    from draftline.pipeline.compile_lock import COMPILE_LOCK
-    from helpers import make_qwen3_target
+# The run is a child process in its own session (process group), with a hard time limit: on a machine whose
+# first compile is cold it must still end by itself; where it does not, the test prints every thread's stack
+# (faulthandler, SIGUSR1), checks whether one SIGTERM ends it, and kills the whole group (the child, its
+# compile workers), so that a hang fails this test instead of the session.
+GPU_CHILD = r"""
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+import torch
+from draftline.cli import main
+from draftline.pipeline import loop
+from draftline.pipeline.compile_lock import COMPILE_LOCK
 
-    target = make_qwen3_target(tmp_path / "target", vocab_size=4096, hidden_size=256, num_layers=4,
-                               intermediate_size=1024)
-    data = write_dataset(tmp_path / "data", vocab_size=4096, num_docs=400, min_len=300, max_len=500)
+mode, args = sys.argv[1], sys.argv[2:]
+if mode == "cap":  # after step 2, cap this process below what any pass needs
     total = torch.cuda.mem_get_info()[1]
-    capped = {}
     real_after_step = loop.after_step
 
     def after_step(record, worker, *parts):
         real_after_step(record, worker, *parts)
-        if record.step == 2 and not capped:
+        if record.step == 2:
             with COMPILE_LOCK:  # no pass of the target thread in flight
                 torch.cuda.synchronize()
                 at_rest = torch.cuda.memory_allocated()
@@ -192,29 +193,148 @@ def test_gpu_a_real_out_of_memory_mid_run_is_named_with_the_batch_and_exits_1(tm
                 torch.cuda.empty_cache()
                 # below what any pass needs (a drafter pass alone materialises 4,096 x 4,096 fp32 logits and
                 # their gradient, 128 MiB), above the few small tensors made between passes
-                capped["bytes"] = at_rest + min(transient / 4, 32 * 2**20)
-                torch.cuda.set_per_process_memory_fraction(capped["bytes"] / total)
+                torch.cuda.set_per_process_memory_fraction((at_rest + min(transient / 4, 32 * 2**20)) / total)
+            print(f"CAPPED {time.time():.3f}", flush=True)
 
-    monkeypatch.setattr(loop, "after_step", after_step)
-    out = tmp_path / "run"
-    args = base_args(target, data, out, max_steps=50, save_every=1000, token_budget=16384, max_anchors=256,
-                     max_batch_size=64)
-    args[args.index("--device") + 1] = "cuda"
-    torch.cuda.reset_peak_memory_stats()  # the transient is measured over this run's first two steps
+    loop.after_step = after_step
+    torch.cuda.reset_peak_memory_stats()  # the transient is measured over the run's first two steps
+code = main(["train", *args])
+print(f"EXIT {code} {time.time():.3f}", flush=True)
+sys.exit(code)
+"""
+
+
+def _gpu_child(mode: str, args: list[str], limit_s: float, *, on_line=None) -> tuple[int, str, dict]:
+    """Run ``draftline train ARGS`` in a child (``mode`` "cap": capped after step 2); (exit code, its output,
+    {first word of a marker line: its time}). A child past ``limit_s`` fails the test, with its stacks."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parents[1]
+    src = Path(memory.__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(src), str(tests), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", GPU_CHILD, mode, *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines, marks = [], {}
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            word = line.split(" ", 1)[0]
+            if word in ("CAPPED", "EXIT") and word not in marks:
+                marks[word] = time.time()
+                if on_line is not None:
+                    on_line(word, proc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        code = main(["train", *args, "--block-size", "16", "--no-preflight"])
+        proc.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGUSR1)  # every thread's stack, where it hangs
+        time.sleep(3)
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+            after = f"one SIGTERM ended it (exit {proc.returncode})"
+        except subprocess.TimeoutExpired:
+            after = "one SIGTERM did NOT end it within 15 s"
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+        reader.join(timeout=5)
+        pytest.fail(f"`draftline train` ({mode}) did not end within {limit_s:.0f} s; {after}; its output and "
+                    f"stacks:\n{''.join(lines)[-12000:]}")
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
-        torch.cuda.empty_cache()
-    err = capsys.readouterr().err
-    assert capped, "the cap was never set (the run ended before step 2)"
-    assert code == 1, err[-3000:]
-    line = next(line for line in err.splitlines() if "run failed:" in line)
+        _signal_group(proc.pid, signal.SIGKILL)  # what is left of its group (compile workers)
+    reader.join(timeout=5)
+    marks["end"] = time.time()
+    return proc.returncode, "".join(lines), marks
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    import os
+
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:  # the whole group has ended
+        pass
+
+
+@pytest.fixture(scope="module")
+def gpu_line(tmp_path_factory):
+    from helpers import make_qwen3_target
+
+    root = tmp_path_factory.mktemp("gpu_line")
+    target = make_qwen3_target(root / "target", vocab_size=4096, hidden_size=256, num_layers=4, intermediate_size=1024)
+    data = write_dataset(root / "data", vocab_size=4096, num_docs=400, min_len=300, max_len=500)
+    return target, data
+
+
+def _gpu_args(target, data, out, **extra) -> list[str]:
+    args = base_args(target, data, out, save_every=1000, token_budget=16384, max_anchors=256, max_batch_size=64,
+                     **extra)
+    args[args.index("--device") + 1] = "cuda"
+    return [*args, "--block-size", "16", "--no-preflight"]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(480, method="thread")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_a_real_out_of_memory_mid_run_is_named_with_the_batch_and_exits_1(gpu_line, tmp_path):
+    """A tiny line on CUDA (--no-preflight); after step 2 the process is capped (per-process memory fraction)
+    below what a pass needs, so the next pass runs out of memory for real: the run ends by itself, within a
+    minute of the cap, named, with a checkpoint that --resume continues from. 30-60 s warm, each child."""
+    target, data = gpu_line
+    out = tmp_path / "run"
+    code, text, marks = _gpu_child("cap", _gpu_args(target, data, out, max_steps=50), limit_s=240)
+    assert "CAPPED" in marks, "the cap was never set (the run ended before step 2): " + text[-3000:]
+    assert code == 1, text[-3000:]
+    assert marks["end"] - marks["CAPPED"] < 60, f"{marks['end'] - marks['CAPPED']:.0f} s from the cap to the exit"
+    assert "Traceback" not in text, text[-3000:]
+    line = next(line for line in text.splitlines() if "run failed:" in line)
     assert re.search(r"colocated rank 0 \(host \S+, GPU 0 [^,]+, pid \d+\) failed: out of GPU memory in the "
                      r"(drafter's pass \d+|target's pass|drafter's optimizer step)", line), line
     assert re.search(r"batch \d+ .*the batch: [\d,]+ tokens in \d+ documents", line) or "optimizer step" in line, line
     assert "set_per_process_memory_fraction" in line, line  # the process's limit, not the device
     assert "To fit: lower" in line
-    match = re.search(r"checkpoint of the last completed step \((\d+)\) saved", err)
-    assert match and int(match.group(1)) >= 2, err[-3000:]
-    assert latest_checkpoint(out).name.endswith(f"{int(match.group(1)):08d}")
+    match = re.search(r"checkpoint of the last completed step \((\d+)\) saved", text)
+    assert match and int(match.group(1)) >= 2, text[-3000:]
+    saved = int(match.group(1))
+    assert latest_checkpoint(out).name.endswith(f"{saved:08d}")
+
+    # The checkpoint is resumable: the same run, without the cap, continues from it to its end.
+    code, text, _ = _gpu_child("plain", [*_gpu_args(target, data, out, max_steps=saved + 2), "--resume"], limit_s=180)
+    assert code == 0, text[-3000:]
+    assert f"draftline: resume run in {out} from " in text and f"(step {saved})" in text, text[-3000:]
+    assert f"finished at step {saved + 2}" in text, text[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(330, method="thread")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_a_sigterm_as_the_memory_runs_out_ends_the_run(gpu_line, tmp_path):
+    """SIGTERM to the run's whole process group the moment the cap is set: whether the out of memory or the
+    stop comes first, the run ends within a minute (1: failed, named; 0: stopped with a checkpoint)."""
+    import signal
+
+    target, data = gpu_line
+    sent = {}
+
+    def terminate(word, proc):
+        if word == "CAPPED":
+            _signal_group(proc.pid, signal.SIGTERM)
+            sent["at"] = True
+
+    code, text, marks = _gpu_child("cap", _gpu_args(target, data, tmp_path / "run", max_steps=50), limit_s=240,
+                                   on_line=terminate)
+    assert sent, "the cap was never set: " + text[-3000:]
+    assert marks["end"] - marks["CAPPED"] < 60, f"{marks['end'] - marks['CAPPED']:.0f} s from SIGTERM to the exit"
+    assert code in (0, 1), text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert ("out of GPU memory" in text) if code == 1 else ("continue with the same command and --resume" in text)

@@ -9,6 +9,7 @@ anchor, block_size - 1.
 from __future__ import annotations
 
 import json
+import shlex
 
 from draftline.checkpoint.serving import ENGINES_READ, MIXED_LAYERS_WARNING
 
@@ -16,16 +17,30 @@ CARD_NAME = "README.md"
 
 
 def serving_commands(config, *, drafter: str = "$DRAFTER", target: str = "$TARGET") -> dict[str, str]:
-    """Shell commands that serve ``config``'s drafter with ``target``: {'sglang': ..., 'vllm': ...}."""
+    """Shell commands that serve ``config``'s drafter with ``target``: {'sglang': ..., 'vllm': ...}.
+
+    ``drafter`` and ``target`` are paths or shell variables (``$NAME``); either way the commands are
+    what bash must be given: a path quoted, a variable in double quotes (also inside vLLM's JSON, where
+    single quotes would hand vLLM the variable's name instead of its value).
+    """
     block_size = int(config.block_size)
     spec = json.dumps({"method": "dflash", "model": drafter, "num_speculative_tokens": block_size - 1})
+    if drafter.startswith("$"):
+        spec_word = '"' + spec.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    else:
+        spec_word = shlex.quote(spec)
     # Mixed layer types need vLLM's V2 model runner (the serving check warns about them).
     env = "VLLM_USE_V2_MODEL_RUNNER=1 " if is_mixed(config) else ""
     return {
-        "sglang": (f"python -m sglang.launch_server --model-path {target} --speculative-algorithm DFLASH "
-                   f"--speculative-draft-model-path {drafter} --speculative-num-draft-tokens {block_size}"),
-        "vllm": f"{env}vllm serve {target} --speculative-config '{spec}'",
+        "sglang": (f"python -m sglang.launch_server --model-path {_word(target)} --speculative-algorithm DFLASH "
+                   f"--speculative-draft-model-path {_word(drafter)} --speculative-num-draft-tokens {block_size}"),
+        "vllm": f"{env}vllm serve {_word(target)} --speculative-config {spec_word}",
     }
+
+
+def _word(value: str) -> str:
+    """``value`` as one shell word: a variable in double quotes (expanded), anything else quoted as needed."""
+    return f'"{value}"' if value.startswith("$") else shlex.quote(value)
 
 
 def is_mixed(config) -> bool:
@@ -56,7 +71,7 @@ def model_card(config, *, target_name: str, num_parameters: int, warnings: list[
         "Set `TARGET` to the target model's directory or hub id and `DRAFTER` to this directory:",
         "",
         "```bash",
-        f"TARGET=/path/to/{target_name}",
+        f"TARGET={shlex.quote('/path/to/' + target_name)}",
         "DRAFTER=/path/to/this/directory",
         "```",
         "",

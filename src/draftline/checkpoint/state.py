@@ -52,6 +52,7 @@ from safetensors.torch import save_file
 
 from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME, drafter_config_dict, load_drafter
 from draftline.errors import DraftlineError, MachineError
+from draftline.files import os_error_of
 
 TRAINER_STATE = "trainer.pt"
 TRAINER_JSON = "trainer.json"
@@ -241,8 +242,8 @@ def _os_error(exc: BaseException | None) -> OSError | None:
     """The OSError behind ``exc`` (DCP wraps its ranks' errors in a CheckpointException)."""
     seen = 0
     while exc is not None and seen < 12:
-        if isinstance(exc, OSError):
-            return exc
+        if os_error_of(exc) is not None:  # an OSError, or safetensors' error around one
+            return os_error_of(exc)
         failures = getattr(exc, "failures", None)
         if isinstance(failures, dict):
             for inner in failures.values():  # rank -> the exception (and its traceback)

@@ -6,7 +6,7 @@ one demo-sized batch on one thread, the work that regeneration and training are 
 ``size_demo`` turns that time into the demo's work: as many conversations (at most the demo's)
 and training steps (at most its epochs) as fit in the minutes, fewer conversations only where they
 would not get two epochs. The constants below are the demo's stages measured against the probe on
-the project's 2-core machine (docs/PERF_NOTES.md, "The demo sized to the machine"). Once the data is
+the project's 2-core machine (docs/benchmarks/2026-12-demo-sizing.md). Once the data is
 made, the demo takes the probe again and ``steps_after_data`` fits the training into the time left.
 """
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 # Seconds of each stage per second of the probe, measured on the project's 2-core AMD EPYC (probe
-# 0.98 s) and on two cores of an Intel Xeon (probe 0.47-0.57 s; docs/PERF_NOTES.md, "The demo sized to
-# the machine").
+# 0.98 s) and on two cores of an Intel Xeon (probe 0.47-0.57 s;
+# docs/benchmarks/2026-12-demo-sizing.md).
 REGENERATE_PER_CONVERSATION = 0.13
 """``draftline regenerate`` (64 new tokens per reply, batches of 32), per conversation (0.10-0.15 on the
 EPYC; 0.13-0.25 on the Xeons, most of whose cores decode slowly against their probe: the regeneration gets
@@ -41,7 +41,7 @@ seconds (``tail_seconds``): the line's start (its processes import torch), the l
 the final checkpoint, ``draftline eval`` and ``draftline report``. Its start and the eval's decoding are
 Python more than matrix work and do not slow with the probe: 94 s on an EPYC whose probe took 1.8 s
 (with a longer final measurement since removed), about 60 s on a Xeon (0.54 s), 50 s and 32 s on EPYCs
-at 0.66 and 0.72 s (docs/PERF_NOTES.md). The time limit ends the training ``tail_seconds`` before the
+at 0.66 and 0.72 s (docs/benchmarks/2026-12-demo-on-the-clock.md). The time limit ends the training ``tail_seconds`` before the
 demo's end: what this over-counts is left unused, what it under-counts makes the demo late by as much."""
 STEPS_PER_CONVERSATION = 0.1045
 """Optimizer steps of one epoch per conversation (1,280 regenerated conversations pack into 268
@@ -108,7 +108,7 @@ def size_demo(probe_s: float, minutes: float, conversations: int, epochs: int, f
     """Conversations and training steps for a demo of about ``minutes`` on a machine whose probe took
     ``probe_s``: the steps that fit, at most ``epochs`` over the data. Where the conversations would not
     get ``fewest_epochs`` in the time, fewer conversations (a multiple of 32, at least 160; not with
-    ``keep_conversations``): at equal steps two epochs of more data beat four of less (docs/PERF_NOTES.md).
+    ``keep_conversations``): at equal steps two epochs of more data beat four of less (docs/benchmarks/2026-12-demo-sizing.md).
     A machine too slow even for that runs longer than ``minutes``, and the prediction says so."""
     budget = (minutes * 60 - tail_seconds(probe_s)) / probe_s - HEAD
     if not keep_conversations:
@@ -166,7 +166,7 @@ def speed_now(first_s: float, measure: Callable[[], float]) -> float:
     tenth (``PROBES_DISAGREE``) off the first reading, once more and the median of the three. One
     reading disturbed by a burst of other work does not set the training's length (two demos on one
     machine: a pair read 0.572 s, then 0.656 s, trained at the first one's speed and ended 1.2 minutes
-    early: docs/PERF_NOTES.md, "The demo's corpus is this Python's"), while a machine that really
+    early: docs/benchmarks/2026-12-demo-settings.md), while a machine that really
     slowed down, or sped up, reads so twice."""
     now = measure()
     if abs(now - first_s) <= PROBES_DISAGREE * first_s:

@@ -75,7 +75,7 @@ class PeakFlops:
     """The measured dense matmul rate of one device (the second MFU figure), if known."""
     for_mfu: bool = True
     """Whether MFU is quoted against ``flops``. Not for a CPU's measured rate: it moves several-fold
-    between runs on one machine with its load and threads (docs/PERF_NOTES.md), so an MFU against it
+    between runs on one machine with its load and threads (docs/benchmarks/2026-12-cpu-mfu-peak.md), so an MFU against it
     would say more about the measurement than about the run."""
 
     def describe(self) -> str:

@@ -32,12 +32,20 @@ def publish_drafter(health: Health, worker) -> None:
 
 
 def write_trace(folder, name: str, record: dict) -> None:
-    """One line of RUN_DIR/trace/NAME (``engine.trace``: what each step and drafter did, for audits and tests)."""
+    """One line of RUN_DIR/trace/NAME (``engine.trace``: what each step and drafter did, for audits and tests),
+    whole or not at all (a full disk is named)."""
     import json
+    import os
+
+    from draftline.files import append_line, open_for_append
 
     folder.mkdir(exist_ok=True)
-    with (folder / name).open("a") as f:
-        f.write(json.dumps(record) + "\n")
+    fd = open_for_append(folder / name)
+    try:
+        append_line(fd, json.dumps(record) + "\n", folder / name, "a trace record to",
+                    "free space there or train without --trace")
+    finally:
+        os.close(fd)
 
 
 class DrafterPublisher:
@@ -261,11 +269,15 @@ class LineMonitor:
         self._last_drafter_wait = sum(d.get("wait_s", 0.0) for d in drafters)
 
         def loop():
+            said = None
             while not self._stop.wait(self.interval_s):
                 try:
                     self.emit()
+                    said = None
                 except Exception as exc:  # noqa: BLE001 - the monitor must never take the run down
-                    print(f"draftline: monitor error: {exc}")
+                    if str(exc) != said:  # once, not every interval (a full disk: until there is room again)
+                        print(f"draftline: monitor error: {exc}", flush=True)
+                    said = str(exc)
 
         self._thread = threading.Thread(target=loop, name="draftline-monitor", daemon=True)
         self._thread.start()

@@ -40,7 +40,7 @@ MEASURED_MFU = {
                              "10.3 Ktok/s"),
     "drafter": (0.552, "the drafter's step, packed 32K tokens, Qwen3-8B shape, FlashAttention-4: 129 ms/sample"),
 }
-"""MFU of each role against the spec dense bf16 peak, measured on one H200 (docs/PERF_NOTES.md)."""
+"""MFU of each role against the spec dense bf16 peak, measured on one H200 (docs/benchmarks/2026-12-planner.md)."""
 
 ANCHOR_SWEEP = (128, 256, 512)
 """Anchors per document at which the recommended layout is also shown (the seeds' trade)."""
@@ -189,7 +189,7 @@ class MemoryEstimate:
                               self.activations + other.activations, self.buffers + other.buffers)
 
 
-# The activation coefficients, calibrated on one H200 (docs/PERF_NOTES.md, "Memory model against the GPU"):
+# The activation coefficients, calibrated on one H200 (docs/benchmarks/2026-12-planner.md):
 # the target's feature pass holds ~0.7 of its widest layer's row at a time (measured 0.61x on the Qwen3-8B
 # shape, 0.79x on the Qwen3.6-27B shape); the drafter keeps ~2.1 values per trained weight column of each
 # layer for each block row (the 8B step's preflight fit: 0.99 MB per row) and ~6 bytes per logit of one

@@ -44,8 +44,8 @@ def run_training(config: TrainConfig) -> int:
     (``config.validate``, which the command line runs before it launches anything)."""
     # ---- config
     env = DistEnv.from_environ()
+    model = ModelSpec.resolve(config)  # configs and tokenizer only: a drafter no engine would serve stops here
     device = pick_device(config, env.local_rank)
-    model = ModelSpec.resolve(config)
 
     # ---- roles
     store = None

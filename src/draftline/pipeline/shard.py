@@ -25,7 +25,7 @@ drafter runs its own passes (no empty ones); ``reduce_gradients`` sums the step'
 drafters in one all-reduce of one flat buffer, and every drafter takes the same AdamW step on the same
 sum, so their weights stay equal bit for bit (gloo's ring all-reduce hands every rank the same bytes).
 On CPU, FSDP's per-layer gathers over gloo cost more than the step they shard: the demo's colocated
-2-process line trained at 2.23 Ktok/s sharded and 4.30 replicated (docs/PERF_NOTES.md). The checkpoint
+2-process line trained at 2.23 Ktok/s sharded and 4.30 replicated (docs/benchmarks/2026-12-demo-cpu-line.md). The checkpoint
 is the same ``torch.distributed.checkpoint`` state, written once (its planner drops the copies), so a
 run resumes on any number of drafters either way.
 

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 # A repeat of the signal this soon is the same request, not a second one: a scheduler (Slurm,
 # systemd) signals every process of the job, and the ``--gpus`` launcher forwards its own copy.
@@ -20,6 +21,23 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+@contextmanager
+def handlers_kept():
+    """SIGINT's and SIGTERM's handlers put back as they were when the block ends. ``draftline train`` run in
+    a process that goes on afterwards (a test session, a notebook) must not leave its handlers behind: one
+    that turns SIGTERM into a stop request for a run that is over makes that process ignore SIGTERM."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:  # None: a handler not installed from Python, which cannot be put back
+                signal.signal(sig, handler)
 
 
 def _raise_interrupted(signum, _frame):
