@@ -720,14 +720,14 @@ def main() -> int:
             results.append({"variant": name, "failed": traceback.format_exc()[-3000:]})
             print(results[-1]["failed"], flush=True)
         print(json.dumps({k: v for k, v in results[-1].items() if k not in ("step_ms", "losses")}), flush=True)
+        if args.json:  # after every variant: a call cut short by its time limit keeps what it measured
+            args.json.write_text(json.dumps({"environment": environment(), "args": vars(args) | {"json": str(args.json)},
+                                             "results": results}, indent=1, default=str))
     print_table(results)
     for r in results:
         for where, entry in (r.get("saved_tensors") or {}).items():
             print(f"  {r['variant']}: saved {where}: " + (entry if isinstance(entry, str) else
                   f"{entry['mib']:.0f} MiB in {entry['tensors']} storages; largest {'; '.join(entry['largest'])}"))
-    if args.json:
-        args.json.write_text(json.dumps({"environment": environment(), "args": vars(args) | {"json": str(args.json)},
-                                         "results": results}, indent=1, default=str))
     return 0
 
 
