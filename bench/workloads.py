@@ -14,7 +14,7 @@ from draftline.config import TrainConfig
 from draftline.data.batch import PackedBatch
 from draftline.monitor.peak import gpu_spec
 from draftline.pipeline.build import build_drafter_worker
-from draftline.pipeline.health import Health, local_rank_info
+from draftline.distributed.health import Health, local_rank_info
 from draftline.pipeline.spec import ModelSpec, RunSpec
 
 HYBRID_SHAPES = {

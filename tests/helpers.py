@@ -137,7 +137,7 @@ def tiny_drafter_worker(device, dtype, max_query_rows=2048, *, head_chunk_rows=4
     from draftline.config import TrainConfig
     from draftline.model.config import build_drafter_config
     from draftline.pipeline.build import build_drafter_worker
-    from draftline.pipeline.health import Health, local_rank_info
+    from draftline.distributed.health import Health, local_rank_info
     from draftline.pipeline.spec import ModelSpec, RunSpec
     from draftline.pipeline.transport import Delivery
 

@@ -179,7 +179,7 @@ def test_final_acceptance_settings_flags_defaults_and_checks():
     from transformers import Qwen3Config
 
     from draftline.model.config import build_drafter_config
-    from draftline.pipeline.shard import DrafterGroup
+    from draftline.distributed.shard import DrafterGroup
     from draftline.pipeline.spec import ModelSpec, RunSpec
 
     target = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
@@ -217,7 +217,7 @@ def test_drafter_state_flag_and_its_values():
 
     from draftline.config import validate
     from draftline.errors import DraftlineError
-    from draftline.pipeline.shard import replicates
+    from draftline.distributed.shard import replicates
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -128,7 +128,7 @@ def test_no_cycle_between_packages():
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("from draftline.pipeline.shard import DrafterGroup\n", "draftline.pipeline.shard"),
+    ("from draftline.distributed.shard import DrafterGroup\n", "draftline.distributed.shard"),
     ("def f():\n    from draftline.pipeline import loop\n", "draftline.pipeline"),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import draftline.monitor.live\n", "draftline.monitor.live"),
     ("import importlib\nm = importlib.import_module('draftline.commands.train')\n", "draftline.commands.train"),

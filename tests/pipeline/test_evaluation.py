@@ -9,7 +9,7 @@ from transformers import Qwen3Config
 from draftline.config import TrainConfig
 from draftline.model.config import build_drafter_config
 from draftline.pipeline.evaluation import InTrainingEvaluation, eval_interval
-from draftline.pipeline.shard import DrafterGroup
+from draftline.distributed.shard import DrafterGroup
 from draftline.pipeline.spec import ModelSpec, RunSpec
 
 

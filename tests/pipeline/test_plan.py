@@ -158,7 +158,7 @@ def test_plan_command_estimates_and_measures(qwen3_target, line_data, capsys):
 def test_trains_default_split_is_the_plans_best_split(qwen3_target):
     from draftline.config import TrainConfig
     from draftline.pipeline.plan import hardware_for, reference_lengths, target_share
-    from draftline.pipeline.roles import split
+    from draftline.distributed.roles import split
     from draftline.pipeline.spec import ModelSpec
 
     config = TrainConfig()

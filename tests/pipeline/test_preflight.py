@@ -20,8 +20,8 @@ from draftline.model.target import TargetFeatures, load_target_config
 from draftline.objective import blocks as blocks_module
 from draftline.pipeline import preflight
 from draftline.pipeline.build import build_drafter_worker
-from draftline.pipeline.health import Health, local_rank_info
-from draftline.pipeline.roles import DRAFTER, Role
+from draftline.distributed.health import Health, local_rank_info
+from draftline.distributed.roles import DRAFTER, Role
 from draftline.pipeline.spec import ModelSpec, RunSpec
 from draftline.pipeline.preflight import LinearPeak, MemoryLimit, changes
 

@@ -322,7 +322,7 @@ def save_checkpoint(
     """
     import torch.distributed.checkpoint as dcp
 
-    from draftline.pipeline.shard import DrafterGroup
+    from draftline.distributed.shard import DrafterGroup
 
     group = group or DrafterGroup()
     _WRITER.wait()
@@ -506,7 +506,7 @@ def load_checkpoint(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    from draftline.pipeline.shard import DrafterGroup
+    from draftline.distributed.shard import DrafterGroup
 
     path = Path(path)
     group = group or DrafterGroup()

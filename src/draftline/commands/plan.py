@@ -83,7 +83,7 @@ def _model(args) -> ModelSpec:
 def _measured(args, model: ModelSpec, lengths, device):
     from draftline.model.target import TargetFeatures
     from draftline.pipeline.build import build_drafter_worker
-    from draftline.pipeline.health import Health, local_rank_info
+    from draftline.distributed.health import Health, local_rank_info
     from draftline.pipeline.spec import RunSpec
 
     config = TrainConfig()

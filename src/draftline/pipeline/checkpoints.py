@@ -20,7 +20,7 @@ from pathlib import Path
 from draftline.checkpoint.state import TrainerState, load_checkpoint, save_checkpoint
 from draftline.errors import DraftlineError
 from draftline.pipeline.drafter_worker import DrafterWorker, StepRecord
-from draftline.pipeline.shard import DrafterGroup
+from draftline.distributed.shard import DrafterGroup
 from draftline.pipeline.spec import RunSpec
 
 

@@ -30,10 +30,10 @@ from draftline.errors import DraftlineError
 from draftline.monitor.flops import DrafterShape, drafter_flops_of_blocks
 from draftline.objective.loss import DFlashObjective
 from draftline.objective.metrics import LOSS_SUM, WEIGHT_SUM, metrics_size
-from draftline.pipeline.health import Health
-from draftline.pipeline.memory import OutOfMemoryContext, gib, out_of_memory_context
+from draftline.distributed.health import Health
+from draftline.distributed.memory import OutOfMemoryContext, gib, out_of_memory_context
 from draftline.pipeline.optim import clip_factor, grad_norm, grad_sq_norm, step_with_factor
-from draftline.pipeline.shard import DrafterGroup
+from draftline.distributed.shard import DrafterGroup
 from draftline.pipeline.transport import Delivery
 
 # Entries appended to the metrics vector for the step's all-reduce.

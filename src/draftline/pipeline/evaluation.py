@@ -25,7 +25,7 @@ from contextlib import nullcontext
 import torch
 
 from draftline.model.drafter import DFlashDrafter
-from draftline.pipeline.shard import DrafterGroup
+from draftline.distributed.shard import DrafterGroup
 from draftline.pipeline.spec import RunSpec
 
 

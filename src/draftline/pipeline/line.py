@@ -23,16 +23,17 @@ from draftline.monitor.dashboard import Dashboard
 from draftline.monitor.flops import resolve_peak
 from draftline.monitor.gpu import device_stats
 from draftline.monitor.loggers import NullLogger, open_loggers
-from draftline.pipeline import loop, rundir
+from draftline.pipeline import loop
+from draftline.distributed import rundir
 from draftline.pipeline.build import build_drafter_worker, build_target, build_target_worker
 from draftline.pipeline.checkpoints import Checkpointer, resume
 from draftline.pipeline.drafter_worker import DrafterWorker
 from draftline.pipeline.evaluation import InTrainingEvaluation
-from draftline.pipeline.failure import FailureContext
-from draftline.pipeline.health import Health
+from draftline.distributed.failure import FailureContext
+from draftline.distributed.health import Health
 from draftline.pipeline.monitor_loop import DrafterPublisher, LineMonitor, write_trace
-from draftline.pipeline.shard import DrafterGroup, local_tensor
-from draftline.pipeline.signals import StopSignals
+from draftline.distributed.shard import DrafterGroup, local_tensor
+from draftline.distributed.signals import StopSignals
 from draftline.pipeline.spec import RunSpec
 from draftline.pipeline.target_worker import TargetWorker, run_target_thread
 from draftline.pipeline.transport import open_transport

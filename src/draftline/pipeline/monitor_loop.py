@@ -20,7 +20,7 @@ from draftline.monitor.gpu import GpuStats
 from draftline.monitor.status import LineStatus, RateMeter, eta_seconds
 from draftline.monitor.gpu import device_stats
 from draftline.objective.metrics import WEIGHT_SUM, metrics_size, summarize
-from draftline.pipeline.health import Health
+from draftline.distributed.health import Health
 
 
 def publish_drafter(health: Health, worker) -> None:

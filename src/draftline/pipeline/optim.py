@@ -7,7 +7,7 @@ import math
 import torch
 
 from draftline.config import OptimConfig
-from draftline.pipeline.shard import local_tensor
+from draftline.distributed.shard import local_tensor
 
 
 def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.Optimizer:

@@ -47,8 +47,8 @@ import torch
 
 from draftline.data.batch import PackedBatch
 from draftline.errors import DraftlineError
-from draftline.pipeline.memory import MemoryLimit, find_out_of_memory, gib, memory_limit
-from draftline.pipeline.shard import local_tensor
+from draftline.distributed.memory import MemoryLimit, find_out_of_memory, gib, memory_limit
+from draftline.distributed.shard import local_tensor
 
 _GIB = 2**30
 DOC_TOKENS = 2048

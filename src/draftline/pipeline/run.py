@@ -27,15 +27,15 @@ from draftline.checkpoint.state import wait_for_checkpoint
 from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
 from draftline.monitor.loggers import NullLogger
-from draftline.pipeline import rundir
-from draftline.pipeline.failure import FailureContext, fail
-from draftline.pipeline.health import Health, local_rank_info
+from draftline.distributed import rundir
+from draftline.distributed.failure import FailureContext, fail
+from draftline.distributed.health import Health, local_rank_info
 from draftline.pipeline.line import Line
 from draftline.pipeline.plan import target_share
-from draftline.pipeline.roles import COLOCATED, assign_roles, split
-from draftline.pipeline.setup import agree_on_setup, join_job
-from draftline.pipeline.shard import make_drafter_group, replicates
-from draftline.pipeline.signals import StopSignals
+from draftline.distributed.roles import COLOCATED, assign_roles, split
+from draftline.distributed.setup import agree_on_setup, join_job
+from draftline.distributed.shard import make_drafter_group, replicates
+from draftline.distributed.signals import StopSignals
 from draftline.pipeline.spec import DistEnv, ModelSpec, pick_device, resolve_run
 
 

@@ -31,10 +31,10 @@ from draftline.model.config import (
     DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, build_drafter_config, refuse_shape_flags, text_config,
 )
 from draftline.monitor.shapes import DrafterShape, TargetShape
-from draftline.pipeline.roles import COLOCATED, Role
+from draftline.distributed.roles import COLOCATED, Role
 
 if TYPE_CHECKING:
-    from draftline.pipeline.setup import RunSetup
+    from draftline.distributed.setup import RunSetup
 
 INIT_TARGET, INIT_RANDOM, INIT_DRAFTER = "target", "random", "drafter"
 
@@ -268,7 +268,7 @@ class RunSpec:
 
     def drafter_seqs(self, step: int) -> list[int]:
         """The batch numbers of ``step`` this drafter trains (its share; possibly none)."""
-        from draftline.pipeline.roles import drafter_share
+        from draftline.distributed.roles import drafter_share
 
         end = self.data.end_seq if self.data is not None else (step + 1) * self.batches_per_step
         return drafter_share(step, self.batches_per_step, end, self.role.index, self.role.num_drafters)

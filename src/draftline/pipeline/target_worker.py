@@ -18,9 +18,9 @@ import torch
 
 from draftline.data.batch import PackedBatch
 from draftline.monitor.flops import TargetShape, target_flops
-from draftline.pipeline.health import Health, RunAborted
-from draftline.pipeline.memory import OutOfMemoryContext, out_of_memory_context
-from draftline.pipeline.waits import queue_get
+from draftline.distributed.health import Health, RunAborted
+from draftline.distributed.memory import OutOfMemoryContext, out_of_memory_context
+from draftline.distributed.waits import queue_get
 from draftline.pipeline.transport import FeatureSender
 
 
@@ -130,7 +130,7 @@ class TargetWorker:
 
 def run_target_thread(worker: TargetWorker, health: Health) -> threading.Thread:
     """Run a target worker in a thread (colocated mode); a failure aborts the run with its cause."""
-    from draftline.pipeline.health import describe_exception
+    from draftline.distributed.health import describe_exception
 
     def body():
         try:

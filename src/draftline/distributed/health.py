@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from draftline.pipeline.compile_lock import COMPILE_LOCK
-from draftline.pipeline.stats import SharedStats
+from draftline.distributed.compile_lock import COMPILE_LOCK
+from draftline.distributed.stats import SharedStats
 
 
 class RunAborted(RuntimeError):
@@ -75,7 +75,7 @@ def store_address() -> str:
 
 def describe_exception(exc: BaseException) -> str:
     """The cause of a failure in words, with what to do for the common ones."""
-    from draftline.pipeline.memory import describe_out_of_memory, find_out_of_memory
+    from draftline.distributed.memory import describe_out_of_memory, find_out_of_memory
 
     oom = find_out_of_memory(exc)
     if oom is not None:

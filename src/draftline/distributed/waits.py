@@ -12,7 +12,7 @@ import time
 
 import torch.distributed as dist
 
-from draftline.pipeline.health import Health
+from draftline.distributed.health import Health
 
 
 def wait_work(work, health: Health) -> float:

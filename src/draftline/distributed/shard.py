@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from draftline.pipeline.health import Health
-from draftline.pipeline.waits import wait_work
+from draftline.distributed.health import Health
+from draftline.distributed.waits import wait_work
 
 
 @dataclass

@@ -18,9 +18,9 @@ from draftline.checkpoint.state import latest_checkpoint
 from draftline.cli import main
 from draftline.model.target import TargetFeatures
 from draftline.objective.loss import DFlashObjective
-from draftline.pipeline import memory
+from draftline.distributed import memory
 from draftline.pipeline.drafter_worker import DrafterWorker
-from draftline.pipeline.memory import OutOfMemoryContext, describe_out_of_memory, memory_limit
+from draftline.distributed.memory import OutOfMemoryContext, describe_out_of_memory, memory_limit
 from line_helpers import base_args, read_jsonl, write_dataset
 
 GIB = 2**30
@@ -88,7 +88,7 @@ def test_the_innermost_context_wins_and_other_errors_pass_through():
                 raise torch.OutOfMemoryError(CUDA_TEXT)
             except torch.OutOfMemoryError as oom:
                 raise RuntimeError("InductorError: benchmarking failed") from oom
-    from draftline.pipeline.health import describe_exception
+    from draftline.distributed.health import describe_exception
 
     assert describe_exception(info.value).startswith("out of GPU memory in the drafter's pass 2 of batch 17")
     with pytest.raises(KeyError):
@@ -172,7 +172,7 @@ def test_gpu_a_real_out_of_memory_mid_run_is_named_with_the_batch_and_exits_1(tm
     fraction) below what a pass needs, so the next pass runs out of memory for real. About 30-60 s on
     one GPU (CUDA start, flex attention compiled for the target and the drafter, 3 steps)."""
     from draftline.pipeline import loop
-    from draftline.pipeline.compile_lock import COMPILE_LOCK
+    from draftline.distributed.compile_lock import COMPILE_LOCK
     from helpers import make_qwen3_target
 
     target = make_qwen3_target(tmp_path / "target", vocab_size=4096, hidden_size=256, num_layers=4,

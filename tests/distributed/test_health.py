@@ -10,7 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from draftline.pipeline.health import Health, RankInfo
+from draftline.distributed.health import Health, RankInfo
 
 
 def _health(store, **kwargs) -> Health:
@@ -162,7 +162,7 @@ class _GoneStore:
 
 
 def test_a_lost_store_names_the_node_that_hosted_it(monkeypatch):
-    from draftline.pipeline.failure import find_culprit
+    from draftline.distributed.failure import find_culprit
 
     monkeypatch.setenv("MASTER_ADDR", "node-a")
     monkeypatch.setenv("MASTER_PORT", "29400")

@@ -21,9 +21,9 @@ from typing import Callable
 
 from draftline.checkpoint.state import latest_checkpoint, settle_checkpoint_write
 from draftline.errors import DraftlineError, MachineError
-from draftline.pipeline.health import Health, RunAborted, describe_exception
-from draftline.pipeline.memory import find_out_of_memory
-from draftline.pipeline.roles import Role
+from draftline.distributed.health import Health, RunAborted, describe_exception
+from draftline.distributed.memory import find_out_of_memory
+from draftline.distributed.roles import Role
 
 
 @dataclass

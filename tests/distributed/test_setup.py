@@ -9,8 +9,8 @@ import pytest
 import torch.distributed as dist
 
 from draftline.config import DataConfig, ModelConfig, TrainConfig
-from draftline.pipeline.health import Health, RankInfo, RunAborted
-from draftline.pipeline.setup import agree_on_setup
+from draftline.distributed.health import Health, RankInfo, RunAborted
+from draftline.distributed.setup import agree_on_setup
 
 
 def _config(tmp_path, data) -> TrainConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from draftline.errors import DraftlineError
-from draftline.pipeline.roles import assign_roles, producer_of, split
+from draftline.distributed.roles import assign_roles, producer_of, split
 
 
 def test_one_process_is_colocated():

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from draftline.errors import DraftlineError
-from draftline.pipeline import rundir
+from draftline.distributed import rundir
 from line_helpers import base_args, read_jsonl, run, start, wait_until
 
 

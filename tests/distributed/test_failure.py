@@ -10,9 +10,9 @@ import torch.distributed as dist
 
 from draftline.checkpoint.state import CheckpointWriteError
 from draftline.errors import MachineError
-from draftline.pipeline.failure import FailureContext, fail
-from draftline.pipeline.health import Health, RankInfo
-from draftline.pipeline.roles import assign_roles
+from draftline.distributed.failure import FailureContext, fail
+from draftline.distributed.health import Health, RankInfo
+from draftline.distributed.roles import assign_roles
 
 
 class _Log:

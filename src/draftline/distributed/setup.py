@@ -20,9 +20,9 @@ from draftline.checkpoint.state import read_trainer_state
 from draftline.config import TrainConfig
 from draftline.data.dataset import META_FILE
 from draftline.errors import DraftlineError
-from draftline.pipeline import rundir
-from draftline.pipeline.health import Health, RunAborted, describe_exception
-from draftline.pipeline.waits import wait_for
+from draftline.distributed import rundir
+from draftline.distributed.health import Health, RunAborted, describe_exception
+from draftline.distributed.waits import wait_for
 
 
 def join_job(backend: str, device, restart: int, timeout: timedelta) -> dist.Store:

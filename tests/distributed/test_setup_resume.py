@@ -12,7 +12,7 @@ from draftline.commands.prepare import add_arguments
 from draftline.config import DataConfig, ModelConfig, TrainConfig
 from draftline.errors import DraftlineError
 from draftline.pipeline.spec import resumed_batches_per_step
-from draftline.pipeline.setup import decide_setup, resolve_data_dir
+from draftline.distributed.setup import decide_setup, resolve_data_dir
 
 
 def _config(tmp_path, data) -> TrainConfig:
