@@ -18,7 +18,7 @@ Workloads (random bf16 weights built from a config; weights do not matter for sp
   is the Qwen3.6-27B-shaped hybrid target (bench_target.py's shapes), all 64 layers saved (~54 GB);
   ``--line-free-target-disk`` deletes the saved weights once the line has loaded them, so that the
   final checkpoint (~26 GB for its drafter and AdamW state) fits beside on a 64 GiB disk.
-FLOPs come from draftline.monitor.flops. Two MFU figures: against the GPU's spec dense bf16 peak
+FLOPs come from draftline.sizing.flops. Two MFU figures: against the GPU's spec dense bf16 peak
 (989 TFLOP/s for an H100/H200, the figure the field quotes) and against the measured matmul
 ceiling (``resolve_peak``: 788 TFLOP/s on the development H200). Peak memory is per role:
 ``max_memory_allocated`` after a reset (``max_memory_reserved`` beside it); a drafter row holds one
@@ -41,7 +41,7 @@ from draftline.model.attention import auto_backend
 from draftline.model.config import build_drafter_config
 from draftline.model.target import TargetFeatures
 from draftline.monitor.clocks import ClockWatch
-from draftline.monitor.flops import TargetShape, resolve_peak, target_flops
+from draftline.sizing.flops import TargetShape, resolve_peak, target_flops
 from workloads import (  # noqa: F401  (other scripts imported these from here)
     HYBRID, SHAPES, lognormal_lengths, make_worker, packed_batch, peak_gib, random_target, reserved_gib, reset_peak,
     spec_peak, sync, target_config, train_step,

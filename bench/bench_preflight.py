@@ -23,7 +23,7 @@ from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
 from draftline.model.config import build_drafter_config
 from draftline.model.target import TargetFeatures
-from draftline.pipeline import preflight
+from draftline.sizing import preflight
 from draftline.pipeline.build import build_drafter_worker
 from draftline.distributed.health import Health, local_rank_info
 from draftline.pipeline.spec import ModelSpec, RunSpec

@@ -28,7 +28,7 @@ from draftline.data.batch import PackedBatch
 from draftline.model import linear_attention
 from draftline.model.config import build_drafter_config
 from draftline.model.target import TargetFeatures
-from draftline.monitor.flops import TargetShape, format_flops, resolve_peak, target_flops
+from draftline.sizing.flops import TargetShape, format_flops, resolve_peak, target_flops
 
 def random_target(config, layers_run: int, device: torch.device, dtype: torch.dtype):
     """The model with only its first ``layers_run`` layers, built on ``device`` in ``dtype``."""

@@ -8,7 +8,7 @@ out=$1; n=${2:-2}; pairs=${3:-"0,1 2,3 4,5 6,7 8,9 10,11 12,13 14,15"}
 mkdir -p "$out"
 export CUDA_VISIBLE_DEVICES= PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
 lscpu | grep -E 'Model name|^CPU\(s\)|Socket|NUMA node' > "$out/lscpu.txt" || true
-probe='from pathlib import Path; from draftline.demo.sizing import measure_speed; print(measure_speed(Path("src/draftline/demo/assets/tiny-target")))'
+probe='from pathlib import Path; from draftline.sizing.demo import measure_speed; print(measure_speed(Path("src/draftline/demo/assets/tiny-target")))'
 for p in $pairs; do
   printf '%s %s\n' "$(taskset -c "$p" python3 -c "$probe" 2>/dev/null | tail -1)" "$p"
 done | sort -n > "$out/probes.txt"

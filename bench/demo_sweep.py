@@ -117,7 +117,7 @@ def _cores(slot: str) -> set[int]:
 
 def probe_slots(slots: list[str]) -> dict[str, float]:
     """The demo's probe on each slot, one slot at a time (this thread pinned to it meanwhile)."""
-    from draftline.demo.sizing import measure_speed
+    from draftline.sizing.demo import measure_speed
 
     mask = os.sched_getaffinity(0)
     probes = {}

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import packed_batch  # noqa: E402
 
 from draftline.model.attention import FlexAttention, flex_compile_shapes  # noqa: E402
-from draftline.monitor.flops import _drafter_pairs, attention_flops  # noqa: E402
-from draftline.monitor.shapes import FULL, LayerShape  # noqa: E402
+from draftline.sizing.flops import _drafter_pairs, attention_flops  # noqa: E402
+from draftline.sizing.shapes import FULL, LayerShape  # noqa: E402
 from draftline.objective.anchors import sample_anchors  # noqa: E402
 from draftline.objective.blocks import build_blocks  # noqa: E402
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftline.monitor.flops import known_peak
+from draftline.sizing.flops import known_peak
 from draftline.monitor.gpu import GpuStats
 from draftline.monitor.status import LineStatus
 

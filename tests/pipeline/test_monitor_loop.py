@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from draftline.monitor.flops import PeakFlops
+from draftline.sizing.flops import PeakFlops
 from draftline.pipeline.monitor_loop import LineMonitor
 
 

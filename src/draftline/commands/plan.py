@@ -21,20 +21,22 @@ import torch
 from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
 from draftline.model.config import text_config
-from draftline.monitor.flops import format_flops
-from draftline.monitor.peak import known_gpus
-from draftline.pipeline.plan import (
-    ANCHOR_SWEEP, MEASURED_MFU, MemoryInputs, estimate_rates, hardware_for, measure_rates, passes_per_sample,
-    per_sample_flops, plan_layouts, reference_lengths, target_mfu, with_anchors,
-)
+from draftline.sizing.flops import format_flops
+from draftline.sizing.peak import known_gpus
 from draftline.pipeline.spec import ModelSpec
+from draftline.sizing.memory_estimate import MemoryInputs
+from draftline.sizing.plan import (
+    ANCHOR_SWEEP, MEASURED_MFU, estimate_rates, hardware_for, measure_rates, passes_per_sample, per_sample_flops,
+    plan_layouts, target_mfu, with_anchors,
+)
+from draftline.sizing.workload import MEAN_LENGTH, reference_lengths
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to train")
     what.add_argument("--target", required=True, help="the target model directory (only its config.json is read)")
     what.add_argument("--data", help="a prepared dataset: its sample lengths (default: log-normal around --mean-length)")
-    what.add_argument("--mean-length", type=int, default=2826, help="mean sample length in tokens without --data")
+    what.add_argument("--mean-length", type=int, default=MEAN_LENGTH, help="mean sample length in tokens without --data")
     what.add_argument("--draft-layers", type=int, help="drafter layers (default: 5, as train)")
     what.add_argument("--block-size", type=int, help="tokens per block (default: 16, as train)")
     what.add_argument("--max-anchors", type=int, default=512,
@@ -81,10 +83,11 @@ def _model(args) -> ModelSpec:
 
 
 def _measured(args, model: ModelSpec, lengths, device):
+    from draftline.distributed.health import Health, local_rank_info
     from draftline.model.target import TargetFeatures
     from draftline.pipeline.build import build_drafter_worker
-    from draftline.distributed.health import Health, local_rank_info
     from draftline.pipeline.spec import RunSpec
+    from draftline.pipeline.transport import Delivery
 
     config = TrainConfig()
     config.data.max_anchors = args.max_anchors
@@ -93,7 +96,13 @@ def _measured(args, model: ModelSpec, lengths, device):
     target = TargetFeatures(args.target, list(model.layer_ids), device=device, dtype=spec.dtype,
                             config=model.target_file_config)
     worker = build_drafter_worker(spec, Health(local_rank_info(0, "plan", device)), target=target)
-    return measure_rates(target, worker, lengths, args.token_budget, device)
+
+    def drafter_step(batch, features):
+        worker.train_step(Delivery(batch.index, features, batch))
+
+    rates = measure_rates(target, drafter_step, lengths, args.token_budget, device)
+    worker.read_record()  # the last step's, read one step late as in training
+    return rates
 
 
 def _describe_layers(model: ModelSpec) -> str:
@@ -118,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     if num_gpus < 1:
         raise DraftlineError("--gpus must be at least 1")
     if args.gpu and args.gpu_memory_gib is None and args.gpu_peak_tflops is None:
-        from draftline.monitor.peak import gpu_spec
+        from draftline.sizing.peak import gpu_spec
 
         if gpu_spec(args.gpu) is None:
             names = ", ".join(f'"{g.name}"' for g in known_gpus())

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftline.cores import usable_cores
-from draftline.demo.sizing import (
+from draftline.sizing.demo import (
     DemoSize, measure_speed, regeneration_minutes, size_demo, speed_now, step_cap, steps_after_data, tail_seconds,
     training_limit_s, with_conversations,
 )

@@ -21,7 +21,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from draftline.monitor.peak import format_flops
+from draftline.sizing.peak import format_flops
 from draftline.monitor.status import LineStatus, format_duration
 
 # A side that waits less than this is busy enough; balance is never perfect.

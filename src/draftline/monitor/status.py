@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftline.monitor.flops import PeakFlops
+from draftline.sizing.flops import PeakFlops
 from draftline.monitor.gpu import GpuStats
 
 _NaN = float("nan")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from draftline.errors import DraftlineError
-from draftline.monitor.flops import DrafterShape, drafter_flops_of_blocks
+from draftline.sizing.flops import DrafterShape, drafter_flops_of_blocks
 from draftline.objective.loss import DFlashObjective
 from draftline.objective.metrics import LOSS_SUM, WEIGHT_SUM, metrics_size
 from draftline.distributed.health import Health
@@ -161,9 +161,12 @@ class DrafterWorker:
             with self.health.compute_pass():
                 self._empty_pass()
 
-    def train_on(self, delivery: Delivery) -> None:
-        """Forward and backward of one batch (one drafter alone: benchmarks, ``plan --measure``)."""
+    def train_step(self, delivery: Delivery) -> None:
+        """One step on one batch as the loop runs it (one drafter alone: ``plan --measure``): its passes, the
+        record of the step before (read one step late), its update queued."""
         self.accumulate([delivery])
+        self.read_record()
+        self.queue_update()
 
     def _train_on(self, delivery: Delivery, passes) -> None:
         start = time.perf_counter()

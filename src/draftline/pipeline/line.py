@@ -20,7 +20,7 @@ from draftline.checkpoint.state import check_disk_space
 from draftline.cores import usable_cores
 from draftline.model.target import TargetFeatures
 from draftline.monitor.dashboard import Dashboard
-from draftline.monitor.flops import resolve_peak
+from draftline.sizing.flops import resolve_peak
 from draftline.monitor.gpu import device_stats
 from draftline.monitor.loggers import NullLogger, open_loggers
 from draftline.pipeline import loop
@@ -168,7 +168,7 @@ class Line:
         target = build_target(self.spec)
         self.health.watch(target.decoder.layers)
         if self.spec.config.engine.preflight and self.spec.device.type == "cuda":
-            from draftline.pipeline.preflight import preflight_target
+            from draftline.sizing.preflight import preflight_target
 
             self.target_preflight = preflight_target(self.spec, target, self.health.info.describe())
         return target
@@ -180,7 +180,7 @@ class Line:
         self.worker = worker = build_drafter_worker(spec, self.health, group=self.group, target=target,
                                                     on_batch=self._trace_batch if c.engine.trace else None)
         if c.engine.preflight and spec.device.type == "cuda":
-            from draftline.pipeline.preflight import preflight_drafter
+            from draftline.sizing.preflight import preflight_drafter
 
             preflight_drafter(spec, worker, self.health.info.describe(), self.target_preflight)
         counters = resume(spec, worker, self.group) if spec.checkpoint else {}

@@ -15,7 +15,7 @@ import time
 import torch
 
 from draftline.monitor.dashboard import Dashboard
-from draftline.monitor.flops import PeakFlops, mfu
+from draftline.sizing.flops import PeakFlops, mfu
 from draftline.monitor.gpu import GpuStats
 from draftline.monitor.status import LineStatus, RateMeter, eta_seconds
 from draftline.monitor.gpu import device_stats

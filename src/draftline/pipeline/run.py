@@ -31,7 +31,7 @@ from draftline.distributed import rundir
 from draftline.distributed.failure import FailureContext, fail
 from draftline.distributed.health import Health, local_rank_info
 from draftline.pipeline.line import Line
-from draftline.pipeline.plan import target_share
+from draftline.sizing.plan import target_share
 from draftline.distributed.roles import COLOCATED, assign_roles, split
 from draftline.distributed.setup import agree_on_setup, join_job
 from draftline.distributed.shard import make_drafter_group, replicates

@@ -30,7 +30,7 @@ from draftline.errors import DraftlineError
 from draftline.model.config import (
     DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, build_drafter_config, refuse_shape_flags, text_config,
 )
-from draftline.monitor.shapes import DrafterShape, TargetShape
+from draftline.sizing.shapes import DrafterShape, TargetShape
 from draftline.distributed.roles import COLOCATED, Role
 
 if TYPE_CHECKING:

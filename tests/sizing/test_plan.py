@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from draftline.cli import main
-from draftline.monitor.flops import DrafterShape, TargetShape
-from draftline.pipeline.plan import (
-    MEASURED_MFU, Hardware, MemoryInputs, RoleRates, colocated_memory, colocated_rate, drafter_memory,
-    drafter_seconds_per_sample, estimate_rates, per_sample_flops, plan_layouts, shard_traffic_bytes, splits,
-    target_memory, trained_params,
+from draftline.sizing.flops import DrafterShape, TargetShape
+from draftline.sizing.memory_estimate import MemoryInputs, colocated_memory, drafter_memory, target_memory, trained_params
+from draftline.sizing.plan import (
+    MEASURED_MFU, Hardware, RoleRates, colocated_rate, drafter_seconds_per_sample, estimate_rates, per_sample_flops,
+    plan_layouts, shard_traffic_bytes, splits,
 )
 
 GIB = 2**30
@@ -133,7 +133,7 @@ def test_plan_for_qwen3_6_27b_on_8_rtx_pro_6000(tmp_path, capsys):
     assert [a["max_anchors"] for a in plan["anchors"]] == [128, 256, 512]
     speeds = [a["ktok_s"] for a in plan["anchors"]]
     assert speeds == sorted(speeds, reverse=True)  # fewer anchors, less drafter work
-    from draftline.monitor.shapes import DrafterShape as Shape
+    from draftline.sizing.shapes import DrafterShape as Shape
     from draftline.pipeline.spec import ModelSpec
     from draftline.config import TrainConfig
 
@@ -157,7 +157,8 @@ def test_plan_command_estimates_and_measures(qwen3_target, line_data, capsys):
 
 def test_trains_default_split_is_the_plans_best_split(qwen3_target):
     from draftline.config import TrainConfig
-    from draftline.pipeline.plan import hardware_for, reference_lengths, target_share
+    from draftline.sizing.plan import hardware_for, target_share
+    from draftline.sizing.workload import reference_lengths
     from draftline.distributed.roles import split
     from draftline.pipeline.spec import ModelSpec
 

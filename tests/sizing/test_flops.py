@@ -12,7 +12,7 @@ from transformers import Qwen3Config
 
 from draftline.model.attention import BlockLayout, dense_mask
 from draftline.model.config import build_drafter_config
-from draftline.monitor.flops import (
+from draftline.sizing.flops import (
     FULL,
     SLIDING,
     DrafterShape,
@@ -28,7 +28,7 @@ from draftline.monitor.flops import (
     resolve_peak,
     target_flops,
 )
-from draftline.monitor.reference import reference_drafter_flops, reference_target_flops
+from draftline.sizing.workload import reference_drafter_flops, reference_target_flops
 
 TINY_TARGET = TargetShape.uniform(hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
                                   num_layers=3, vocab_size=10)
@@ -197,7 +197,7 @@ def test_drafter_flops_are_the_steps_own_matmuls_plus_visible_pairs(qwen3_target
     counted here slot by slot (each slot: the context of its document before its anchor, its block)."""
     from draftline.model.drafter import DFlashDrafter
     from draftline.model.target import TargetFeatures, load_embedding_and_head, load_target_config
-    from draftline.monitor.flops import drafter_flops_of_blocks
+    from draftline.sizing.flops import drafter_flops_of_blocks
     from draftline.objective.loss import DFlashObjective, ObjectiveSettings
 
     config = build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=2, block_size=4,

@@ -18,8 +18,8 @@ The convention, as the functions below apply it:
 Only model FLOPs count: norms, RoPE, softmax, gates' elementwise work, the loss, padding and
 masked-out keys earn nothing, so MFU is comparable across implementations (flex vs dense
 attention, chunked vs recurrent linear attention, chunked heads, ...). Shapes come from
-``monitor/shapes.py``, the reference workload from ``monitor/reference.py``, peaks and MFU from
-``monitor/peak.py`` (the shapes' and peaks' names are importable from here too).
+``sizing/shapes.py``, the reference workload from ``sizing/workload.py``, peaks and MFU from
+``sizing/peak.py`` (the shapes' and peaks' names are importable from here too).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from draftline.monitor.peak import (  # noqa: F401  (the line imports these from here)
+from draftline.sizing.peak import (  # noqa: F401  (the line imports these from here)
     GpuSpec,
     PeakFlops,
     format_flops,
@@ -38,7 +38,7 @@ from draftline.monitor.peak import (  # noqa: F401  (the line imports these from
     mfu,
     resolve_peak,
 )
-from draftline.monitor.shapes import (  # noqa: F401
+from draftline.sizing.shapes import (  # noqa: F401
     FULL,
     LINEAR,
     SLIDING,

@@ -2,7 +2,7 @@
 
 One model, used by ``draftline plan`` and by ``train``'s default split (``default_split``):
 
-- Work per sample: the FLOP counter (``monitor.flops``) over a length distribution, for the target's
+- Work per sample: the FLOP counter (``flops``) over a length distribution (``workload``), for the target's
   feature pass and the drafter's training step at ``max_anchors`` anchors per document.
 - Rates: work / (MFU x the GPU's spec peak). The MFUs are this repository's measurements on an H200
   (``MEASURED_MFU``), taken as the same share of another GPU's spec peak when that GPU is not in hand;
@@ -14,14 +14,13 @@ One model, used by ``draftline plan`` and by ``train``'s default split (``defaul
 - Layouts: T targets + D drafters (the line runs at ``min(T r_t, D r_d)``; the faster side waits), or
   every GPU colocated (each does both in turn: ``N / (1/r_t + 1/r_d)``); a drafter's state sharded
   over the D drafters.
-- Memory per GPU of each role (``target_memory``, ``drafter_memory``, ``colocated_memory``): weights,
-  optimizer state, activations, queued features; a layout fits where the largest token budget (up to
+- Memory per GPU of each role (``memory_estimate``): weights, optimizer state, activations, queued
+  features; a layout fits where the largest token budget (up to
   the one asked) and query rows fit every GPU. ``train``'s preflight then measures the real worst case.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -30,9 +29,11 @@ import numpy as np
 import torch
 
 from draftline.data.batch import PackedBatch
-from draftline.monitor.flops import DecoderShape, DrafterShape, LINEAR, TargetShape, drafter_flops, target_flops
-
-_GIB = 2**30
+from draftline.sizing.flops import drafter_flops, target_flops
+from draftline.sizing.memory_estimate import MemoryEstimate, MemoryInputs, colocated_memory, split_memory, trained_params
+from draftline.sizing.peak import gpu_spec
+from draftline.sizing.shapes import LINEAR, DrafterShape, TargetShape
+from draftline.sizing.workload import PROMPT_SHARE, reference_lengths, sampled_batches
 
 MEASURED_MFU = {
     "target": (0.589, "the compiled feature pass, Qwen3-8B shape, packed 32K tokens: 41.0 Ktok/s"),
@@ -78,7 +79,7 @@ class Split:
 
 # ------------------------------------------------------------------------------------------ work
 def per_sample_flops(target_shape: TargetShape, drafter_shape: DrafterShape, lengths: np.ndarray,
-                     max_anchors: int, prompt_share: float = 0.2) -> tuple[float, float]:
+                     max_anchors: int, prompt_share: float = PROMPT_SHARE) -> tuple[float, float]:
     """Mean target and drafter FLOPs per sample over ``lengths`` (anchors in the response part)."""
     t_total, d_total = 0.0, 0.0
     block = drafter_shape.block_size
@@ -93,16 +94,8 @@ def per_sample_flops(target_shape: TargetShape, drafter_shape: DrafterShape, len
     return t_total / len(lengths), d_total / len(lengths)
 
 
-def anchors_per_sample(lengths: np.ndarray, max_anchors: int, prompt_share: float = 0.2) -> float:
+def anchors_per_sample(lengths: np.ndarray, max_anchors: int, prompt_share: float = PROMPT_SHARE) -> float:
     return float(np.mean([min(max_anchors, max(0, int(n - int(n * prompt_share) - 1))) for n in lengths.tolist()]))
-
-
-def reference_lengths(mean_length: int = 2826, count: int = 512) -> np.ndarray:
-    """Log-normal sample lengths around ``mean_length`` (capped at 8K): the reference workload's spread."""
-    sigma = 0.6
-    rng = np.random.default_rng(0)
-    mu = math.log(mean_length) - sigma**2 / 2
-    return np.clip(rng.lognormal(mu, sigma, count), 64, 8192).astype(int)
 
 
 def target_mfu(target_shape: TargetShape) -> tuple[float, str]:
@@ -164,114 +157,6 @@ def colocated_rate(num_gpus: int, rates: RoleRates, drafter_s: Callable[[int], f
     memory (both on one GPU)."""
     d = drafter_s(num_gpus) if drafter_s else 1.0 / rates.drafter_samples_s
     return num_gpus / (1.0 / rates.target_samples_s + d)
-
-
-# ------------------------------------------------------------------------------------------ memory
-@dataclass
-class MemoryEstimate:
-    """One role's memory on one GPU, in GiB."""
-
-    weights: float
-    optimizer: float
-    activations: float
-    buffers: float
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.optimizer + self.activations + self.buffers
-
-    def describe(self) -> str:
-        return (f"{self.total:.1f} GiB (weights {self.weights:.1f}, optimizer {self.optimizer:.1f}, "
-                f"activations {self.activations:.1f}, queued features {self.buffers:.1f})")
-
-    def __add__(self, other: "MemoryEstimate") -> "MemoryEstimate":
-        return MemoryEstimate(self.weights + other.weights, self.optimizer + other.optimizer,
-                              self.activations + other.activations, self.buffers + other.buffers)
-
-
-# The activation coefficients, calibrated on one H200 (docs/PERF_NOTES.md, "Memory model against the GPU"):
-# the target's feature pass holds ~0.7 of its widest layer's row at a time (measured 0.61x on the Qwen3-8B
-# shape, 0.79x on the Qwen3.6-27B shape); the drafter keeps ~2.1 values per trained weight column of each
-# layer for each block row (the 8B step's preflight fit: 0.99 MB per row) and ~6 bytes per logit of one
-# LM-head chunk (bf16 logits and their fp32 gradient; the 27B step at 4,096 rows: 9.3 GiB measured).
-TARGET_ROW_SHARE = 0.7
-DRAFTER_ROW_VALUES = 2.1
-HEAD_CHUNK_BYTES_PER_LOGIT = 6
-
-
-def _widest(shape: DecoderShape) -> float:
-    """Columns a token's row fans out to in the widest layer (projection outputs + inputs): about
-    its per-token weights over the width, plus a few residual-width tensors."""
-    return max(layer.token_params / shape.hidden_size for layer in shape.layers) + 4 * shape.hidden_size
-
-
-def target_memory(shape: DecoderShape, layers_run: int, token_budget: int, num_feature_layers: int,
-                  queued_batches: int, bytes_per_value: int = 2) -> MemoryEstimate:
-    """The frozen target: its layers up to ``layers_run`` (every MoE expert), embedding and head in
-    bf16; forward activations of the widest layer over ``token_budget`` tokens; the features of
-    ``queued_batches`` batches waiting to be sent (K feature layers + the one being built)."""
-    run = shape.with_layers_run(layers_run)
-    weights = run.params() * bytes_per_value
-    activations = TARGET_ROW_SHARE * token_budget * _widest(run) * bytes_per_value
-    features = (queued_batches + 1) * token_budget * num_feature_layers * shape.hidden_size * bytes_per_value
-    return MemoryEstimate(weights / _GIB, 0.0, activations / _GIB, features / _GIB)
-
-
-def trained_params(shape: DrafterShape) -> int:
-    """The drafter's trained weights: its layers and ``fc`` (the norms are negligible)."""
-    return sum(layer.token_params for layer in shape.layers) + len(shape.target_layer_ids) * shape.hidden_size ** 2
-
-
-def drafter_memory(shape: DrafterShape, token_budget: int, max_query_rows: int, queued_batches: int,
-                   bytes_per_value: int = 2, num_shards: int = 1, frozen_weights: bool = True,
-                   head_chunk_rows: int = 4096) -> MemoryEstimate:
-    """The drafter: fp32 master weights and gradients and AdamW's two fp32 moments (16 bytes per trained
-    weight), each 1/``num_shards`` when sharded (then also two layers' bf16 weights gathered at a time);
-    the frozen embedding and head in bf16 (``frozen_weights``: not when a colocated target holds them);
-    activations kept for backward over ``max_query_rows`` block rows (``DRAFTER_ROW_VALUES`` per trained
-    weight column of each layer), over the ``token_budget`` context rows (features, ``fc`` output, each layer's
-    k and v), and one LM-head chunk's logits (``head_chunk_rows`` x vocabulary); received feature batches."""
-    hidden = shape.hidden_size
-    features_width = len(shape.target_layer_ids) * hidden
-    trained = trained_params(shape)
-    frozen = 2 * shape.vocab_size * hidden * bytes_per_value if frozen_weights else 0
-    gathered = 0
-    if num_shards > 1:
-        gathered = 2 * max(layer.token_params for layer in shape.layers) * bytes_per_value
-    per_row = DRAFTER_ROW_VALUES * sum(layer.token_params / hidden for layer in shape.layers) * bytes_per_value
-    per_context = (features_width + hidden + sum(layer.kv_width for layer in shape.layers)) * bytes_per_value
-    head_chunk = min(head_chunk_rows, max_query_rows) * shape.vocab_size * HEAD_CHUNK_BYTES_PER_LOGIT
-    activations = max_query_rows * per_row + token_budget * per_context + head_chunk
-    features = queued_batches * token_budget * features_width * bytes_per_value
-    return MemoryEstimate((8 * trained / num_shards + frozen + gathered) / _GIB, 8 * trained / num_shards / _GIB,
-                          activations / _GIB, features / _GIB)
-
-
-@dataclass(frozen=True)
-class MemoryInputs:
-    """What the memory of a layout depends on besides its shape."""
-
-    target_shape: TargetShape
-    drafter_shape: DrafterShape
-    layers_run: int
-    num_feature_layers: int  # K (+1 with soft labels)
-    q_hs: int
-
-
-def split_memory(inputs: MemoryInputs, targets: int, drafters: int, budget: int, rows: int
-                 ) -> tuple[MemoryEstimate, MemoryEstimate]:
-    """(a target GPU's, a drafter GPU's) memory in a split."""
-    outbox = -(-inputs.q_hs // targets) + 1
-    target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, outbox)
-    drafter = drafter_memory(inputs.drafter_shape, budget, rows, 3, num_shards=drafters)
-    return target, drafter
-
-
-def colocated_memory(inputs: MemoryInputs, num_gpus: int, budget: int, rows: int) -> MemoryEstimate:
-    """A GPU's memory with its target (q_hs batches queued) and its drafter's shard (the target's embedding
-    and head shared)."""
-    target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, inputs.q_hs)
-    return target + drafter_memory(inputs.drafter_shape, budget, rows, 0, num_shards=num_gpus, frozen_weights=False)
 
 
 # ------------------------------------------------------------------------------------------ the plan
@@ -375,8 +260,6 @@ def hardware_for(device: torch.device | None, name: str | None = None, *, memory
                  peak_tflops: float | None = None, link_gbs: float | None = None) -> Hardware:
     """The GPU planned for: ``name``'s spec, else this device's, else (a CPU machine) an H200's; any figure
     given overrides the spec's."""
-    from draftline.monitor.peak import gpu_spec
-
     spec = gpu_spec(name) if name else None
     if spec is None and name is None and device is not None and device.type == "cuda":
         spec = gpu_spec(torch.cuda.get_device_name(device))
@@ -391,23 +274,6 @@ def hardware_for(device: torch.device | None, name: str | None = None, *, memory
 
 
 # ------------------------------------------------------------------------------------------ measuring
-def _batches(lengths: np.ndarray, budget: int, vocab: int, count: int, seed: int = 0) -> list[PackedBatch]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for index in range(count):
-        docs, total = [], 0
-        for n in rng.choice(lengths, size=len(lengths)):
-            n = int(min(n, budget))
-            if total + n > budget:
-                break
-            ids = rng.integers(0, vocab - 1, n).tolist()
-            docs.append((ids, [i >= n // 5 for i in range(n)]))
-            total += n
-        out.append(PackedBatch.from_documents(docs or [([1] * budget, [True] * budget)],
-                                              sample_ids=list(range(len(docs) or 1)), index=index))
-    return out
-
-
 def _timed(device: torch.device, fn, warmup: int, batches: list) -> tuple[float, int, float | None]:
     for b in batches[:warmup]:
         fn(b)
@@ -425,27 +291,20 @@ def _timed(device: torch.device, fn, warmup: int, batches: list) -> tuple[float,
     return time.perf_counter() - start, samples, peak
 
 
-def measure_rates(target, worker, lengths: np.ndarray, budget: int, device: torch.device,
-                  iters: int = 3, warmup: int = 1) -> RoleRates:
-    """Time the target's feature pass and the drafter's training step on batches like the data's."""
-    from draftline.pipeline.transport import Delivery
-
+def measure_rates(target, drafter_step: Callable[[PackedBatch, torch.Tensor], None], lengths: np.ndarray,
+                  budget: int, device: torch.device, iters: int = 3, warmup: int = 1) -> RoleRates:
+    """Time the target's feature pass and the drafter's training step (``drafter_step(batch, features)``: one
+    step as the drafter's loop runs it) on batches like the data's."""
     vocab = target.embed_weight().shape[0]
-    batches = _batches(lengths, budget, vocab, iters + warmup)
+    batches = sampled_batches(lengths, budget, vocab, iters + warmup)
     features = {}
 
     def run_target(batch):
         features[batch.index] = target(batch)
 
     t_wall, t_samples, t_peak = _timed(device, run_target, warmup, batches)
-
-    def run_drafter(batch):
-        worker.train_on(Delivery(batch.index, features[batch.index], batch))
-        worker.read_record()  # the step before's, one step late as in training
-        worker.queue_update()
-
-    d_wall, d_samples, d_peak = _timed(device, run_drafter, warmup, batches)
-    worker.read_record()
+    d_wall, d_samples, d_peak = _timed(device, lambda batch: drafter_step(batch, features[batch.index]), warmup,
+                                       batches)
     return RoleRates(t_samples / t_wall, d_samples / d_wall, f"measured on {device}", t_peak, d_peak)
 
 

@@ -18,12 +18,14 @@ from draftline.errors import DraftlineError
 from draftline.model.config import build_drafter_config
 from draftline.model.target import TargetFeatures, load_target_config
 from draftline.objective import blocks as blocks_module
-from draftline.pipeline import preflight
+from draftline.sizing import preflight
 from draftline.pipeline.build import build_drafter_worker
 from draftline.distributed.health import Health, local_rank_info
 from draftline.distributed.roles import DRAFTER, Role
 from draftline.pipeline.spec import ModelSpec, RunSpec
-from draftline.pipeline.preflight import LinearPeak, MemoryLimit, changes
+from draftline.distributed.memory import MemoryLimit
+from draftline.sizing.peak_fit import LinearPeak
+from draftline.sizing.preflight import changes
 
 GIB = 2**30
 
@@ -93,7 +95,7 @@ OPTIMIZER_STATE = 0.5 * GIB
 def counter(monkeypatch):
     """Runs each measured pass for real (on CPU) and reports a known linear law of its size."""
     sizes = {"tokens": 0, "rows": 0, "calls": []}
-    real_batch, real_blocks = preflight._synthetic_batch, blocks_module.build_blocks
+    real_batch, real_blocks = preflight.worst_case_batch, blocks_module.build_blocks
 
     def batch(tokens, vocab):
         sizes["tokens"], sizes["rows"] = tokens, 0
@@ -111,7 +113,7 @@ def counter(monkeypatch):
         # as on a GPU: the first drafter pass allocates the optimizer state, so its peak lacks it
         return law(sizes["tokens"], sizes["rows"]) - (OPTIMIZER_STATE if first_drafter_pass else 0)
 
-    monkeypatch.setattr(preflight, "_synthetic_batch", batch)
+    monkeypatch.setattr(preflight, "worst_case_batch", batch)
     monkeypatch.setattr(blocks_module, "build_blocks", blocks)
     monkeypatch.setattr(preflight, "_measure", measure)
     return sizes

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from draftline.demo.pipeline import TARGET
-from draftline.demo.sizing import (
+from draftline.sizing.demo import (
     FEWEST_STEPS, HEAD, REGENERATE_PER_CONVERSATION, STEP_HEADROOM, STEPS_PER_CONVERSATION, TRAIN_PER_STEP,
     measure_speed, predicted_minutes, size_demo, speed_now, step_cap, steps_after_data, steps_that_fit,
     tail_seconds, training_limit_s, with_conversations,

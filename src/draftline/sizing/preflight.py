@@ -23,9 +23,8 @@ Fast at any budget, because peak memory is linear in tokens and rows and compute
    budget and query rows that do (from the fit, so no search by repeated full runs);
 5. else verify once at the configured size (a pass that runs out of memory there is refused too).
 
-The synthetic batches are packed documents of ``DOC_TOKENS`` tokens: flex attention materialises no
-score matrix, so memory does not depend on how tokens split into documents, while one document
-of the whole budget would cost quadratic attention time (minutes at 262K tokens) to learn nothing more.
+The synthetic batches are the reference workload's worst case (``workload.worst_case_batch``): packed
+documents of ``DOC_TOKENS`` tokens, every token trained. The measurements and their fit: ``peak_fit``.
 
 The limit is what this process may really use: the device's memory times the allocator's
 per-process fraction (``torch.cuda.set_per_process_memory_fraction``), and no more than is free now
@@ -42,32 +41,21 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from draftline.data.batch import PackedBatch
-from draftline.errors import DraftlineError
 from draftline.distributed.memory import MemoryLimit, find_out_of_memory, gib, memory_limit
 from draftline.distributed.shard import local_tensor
+from draftline.errors import DraftlineError
+from draftline.sizing.peak_fit import LinearPeak, check_point, fit_and_check, measured_sizes
+from draftline.sizing.workload import DOC_TOKENS, worst_case_batch
 
 _GIB = 2**30
-DOC_TOKENS = 2048
-"""Tokens per synthetic document (see the module docstring)."""
 SMALL_TOKENS = 8192
 """The first measured size; the second is twice it. A budget up to 2x this is measured directly."""
-CHECK_TOLERANCE = (0.25 * 2**30, 0.02)
-"""How far the check point's measured peak may be from the fit's prediction: bytes + a share of the peak."""
 
 
 def _say(message: str) -> None:
     print(f"draftline: preflight: {message}", flush=True)
-
-
-def _synthetic_batch(num_tokens: int, vocab_size: int) -> PackedBatch:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab_size, (num_tokens,), generator=g)
-    lengths = [DOC_TOKENS] * (num_tokens // DOC_TOKENS) + ([num_tokens % DOC_TOKENS] if num_tokens % DOC_TOKENS else [])
-    return PackedBatch(ids, torch.ones(num_tokens, dtype=torch.bool), torch.tensor(lengths), torch.tensor([0]))
 
 
 # ---------------------------------------------------------------------------------------- measuring
@@ -88,93 +76,6 @@ def _measure(device: torch.device, fn) -> float | None:
 
 
 @dataclass
-class LinearPeak:
-    """``peak = base + per_token * tokens + per_row * rows``, fitted to measured points."""
-
-    base: float
-    per_token: float = 0.0
-    per_row: float = 0.0
-
-    def __call__(self, tokens: int, rows: int = 0) -> float:
-        return self.base + self.per_token * tokens + self.per_row * rows
-
-    @classmethod
-    def fit(cls, points: list[tuple[int, int, float]]) -> "LinearPeak":
-        """Least squares over ``(tokens, rows, peak)``; a size that does not vary gets no slope."""
-        data = np.asarray(points, dtype=np.float64)
-        columns = [np.ones(len(data))]
-        varies = [len(set(data[:, i])) > 1 for i in (0, 1)]
-        for i in (0, 1):
-            if varies[i]:
-                columns.append(data[:, i])
-        coef, *_ = np.linalg.lstsq(np.stack(columns, axis=1), data[:, 2], rcond=None)
-        coef = list(coef)
-        base = coef.pop(0)
-        per_token = max(coef.pop(0), 0.0) if varies[0] else 0.0
-        per_row = max(coef.pop(0), 0.0) if varies[1] else 0.0
-        return cls(float(base), float(per_token), float(per_row))
-
-    def largest_tokens(self, limit: float, rows: int, multiple: int) -> int:
-        """The largest multiple of ``multiple`` tokens whose predicted peak is within ``limit`` (0 if none)."""
-        if self.per_token <= 0:
-            return 0
-        return max(0, int((limit - self.base - self.per_row * rows) / self.per_token) // multiple * multiple)
-
-    def largest_rows(self, limit: float, tokens: int, multiple: int) -> int:
-        if self.per_row <= 0:
-            return 0
-        return max(0, int((limit - self.base - self.per_token * tokens) / self.per_row) // multiple * multiple)
-
-
-def _sizes(full: int, small: int, floor: int) -> list[int]:
-    """Measured sizes on one axis: the full size if it is small, else ``small`` and ``2 * small``."""
-    if full <= 2 * small:
-        return [full]
-    return [max(small, floor), max(2 * small, 2 * floor)]
-
-
-def _check_point(tokens: list[int], rows: list[int], row_multiple: int) -> tuple[int, int] | None:
-    """A size the fit is checked at, not used to fit it: both axes at their larger size, or on the one
-    axis that varies, between its two sizes; None when the configuration is measured directly."""
-    if len(tokens) > 1 and len(rows) > 1:
-        return tokens[-1], rows[-1]
-    if len(tokens) > 1:
-        return (tokens[0] + tokens[1]) // 2, rows[0]
-    if len(rows) > 1:
-        return tokens[0], (rows[0] + rows[1]) // 2 // row_multiple * row_multiple
-    return None
-
-
-@dataclass
-class FitCheck:
-    """The fit's prediction at the check point against what was measured there."""
-
-    tokens: int
-    rows: int
-    measured: float
-    predicted: float
-
-    @property
-    def trusted(self) -> bool:
-        absolute, share = CHECK_TOLERANCE
-        return abs(self.measured - self.predicted) <= absolute + share * self.measured
-
-    def describe(self) -> str:
-        off = self.measured - self.predicted
-        size = f"{self.tokens:,} tokens" + (f" x {self.rows:,} rows" if self.rows else "")
-        return (f"check at {size}: measured {gib(self.measured)}, the fit says {gib(self.predicted)} "
-                f"({'+' if off >= 0 else '-'}{abs(off) / 2**20:,.0f} MiB): "
-                + ("the fit holds" if self.trusted else
-                   "the fit does not hold (a one-time allocation in a measured point, or a peak not linear in the "
-                   "size), so no refusal from it: the configured size is measured"))
-
-
-def _describe_fit(fit: LinearPeak) -> str:
-    text = f"fit: {gib(fit.base)} + {fit.per_token * 1024 / 2**20:,.1f} MiB per 1K tokens"
-    return text + (f" + {fit.per_row * 1024 / 2**20:,.1f} MiB per 1K query rows" if fit.per_row else "")
-
-
-@dataclass
 class PreflightResult:
     """What a role's preflight measured: its peak at the configured size and every figure on the way
     (``measured``: the warm-up, the points, the fit, its check, the prediction, the verification)."""
@@ -185,44 +86,6 @@ class PreflightResult:
     transient: "LinearPeak | None" = None
     """The target's: its peak above its resident weights, without its outbox, by tokens (a colocated drafter's
     preflight adds it)."""
-
-
-def _fit_and_check(measured: dict, role: str, run, points_at: list[tuple[int, int]], check_at: tuple[int, int] | None,
-                   refuse_oom):
-    """Warm up at the smallest size, measure ``points_at``, fit, check at ``check_at``.
-
-    ``run(tokens, rows, quiet)`` returns the peak (None: out of memory, then ``refuse_oom()`` raises).
-    Returns the fit (over every measured point), the check (None without one) and the points."""
-    t0 = time.perf_counter()
-    before = float(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0.0
-    warm = run(*points_at[0], quiet=True)
-    if warm is None:
-        refuse_oom()
-    kept = (float(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0.0) - before
-    measured.update(warmup_peak=warm, warmup_kept=kept, points=[], check=None, fit=None, verified=None)
-    _say(f"{role}: warm-up pass at {points_at[0][0]:,} tokens, not measured for the fit: peak {gib(warm)}, "
-         f"{kept / 2**20:,.0f} MiB kept allocated after it (one-time: kernels, workspaces, optimizer state) "
-         f"({time.perf_counter() - t0:.1f} s)")
-    points = []
-    for tokens, rows in points_at:
-        peak = run(tokens, rows)
-        if peak is None:
-            refuse_oom()
-        points.append((tokens, rows, peak))
-        measured.update(points=list(points))
-    fit = LinearPeak.fit(points)
-    measured.update(fit=asdict(fit))
-    check = None
-    if check_at is not None:
-        peak = run(*check_at)
-        if peak is None:
-            refuse_oom()
-        check = FitCheck(*check_at, peak, fit(*check_at))
-        measured.update(check={**asdict(check), "trusted": check.trusted})
-        points.append((*check_at, peak))
-        _say(f"{role}: {_describe_fit(fit)}; {check.describe()}")
-        fit = LinearPeak.fit(points)  # least squares over every measured point
-    return fit, check, points
 
 
 # ---------------------------------------------------------------------------------------- target
@@ -241,7 +104,7 @@ def preflight_target(spec, target, who: str) -> PreflightResult:
     def run(tokens: int, _rows: int = 0, quiet: bool = False) -> float | None:
         def body():
             queued = torch.empty(outbox * tokens, width, device=device, dtype=dtype)
-            target(_synthetic_batch(tokens, vocab))
+            target(worst_case_batch(tokens, vocab))
             del queued
 
         t0 = time.perf_counter()
@@ -251,13 +114,13 @@ def preflight_target(spec, target, who: str) -> PreflightResult:
                  f"({time.perf_counter() - t0:.1f} s)")
         return peak
 
-    sizes = _sizes(budget, SMALL_TOKENS, 256)
-    check_at = _check_point(sizes, [0], 1)
+    sizes = measured_sizes(budget, SMALL_TOKENS, 256)
+    check_at = check_point(sizes, [0], 1)
     _say(f"target ({who}): peak memory at {' and '.join(f'{s:,}' for s in sizes)} tokens"
          + (f" (checked at {check_at[0]:,}), extrapolated to --token-budget {budget:,}" if check_at else "")
          + f"; {limit.describe()}")
-    fit, check, points = _fit_and_check(measured, "target", run, [(size, 0) for size in sizes], check_at,
-                                        lambda: _refuse_target(spec, budget, None, None, limit, who))
+    fit, check, points = fit_and_check(measured, "target", run, [(size, 0) for size in sizes], check_at,
+                                        lambda: _refuse_target(spec, budget, None, None, limit, who), _say)
     peak = points[0][2] if len(sizes) == 1 else None
     if peak is None:
         predicted = fit(budget)
@@ -335,7 +198,7 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
 
     def run(tokens: int, query_rows: int, quiet: bool = False) -> float | None:
         anchors_n = max(1, min(query_rows // block, tokens - block - 1))
-        batch = _synthetic_batch(tokens, vocab)
+        batch = worst_case_batch(tokens, vocab)
         # Anchors late in their documents: the most visible keys per query (spread over the documents).
         starts = torch.arange(0, tokens, DOC_TOKENS)
         ends = torch.clamp(starts + DOC_TOKENS, max=tokens)
@@ -370,20 +233,20 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
              f"({time.perf_counter() - t0:.1f} s)")
         return peak
 
-    token_sizes = _sizes(budget, SMALL_TOKENS, 2 * block)
+    token_sizes = measured_sizes(budget, SMALL_TOKENS, 2 * block)
     chunk = max(config.engine.head_chunk_rows, block)
-    row_sizes = _sizes(rows, chunk, block)  # from one head chunk up: the logits chunk is then its full size
+    row_sizes = measured_sizes(rows, chunk, block)  # from one head chunk up: the logits chunk is then its full size
     points_at = sorted({(token_sizes[0], row_sizes[0]), (token_sizes[-1], row_sizes[0]), (token_sizes[0], row_sizes[-1])})
-    check_at = _check_point(token_sizes, row_sizes, block)
+    check_at = check_point(token_sizes, row_sizes, block)
     _say(f"drafter ({who}): peak memory of a pass with backward and optimizer step at "
          + ", ".join(f"{t:,} tokens x {r:,} rows" for t, r in points_at)
          + (f" (checked at {check_at[0]:,} x {check_at[1]:,}); extrapolated to --token-budget {budget:,} x "
             f"--max-query-rows {rows:,}" if check_at else "")
          + f"; {limit.describe()}")
     try:
-        fit, check, points = _fit_and_check(
+        fit, check, points = fit_and_check(
             measured, "drafter", run, points_at, check_at,
-            lambda: _refuse_drafter(spec, budget, rows, None, None, limit, who, colocated))
+            lambda: _refuse_drafter(spec, budget, rows, None, None, limit, who, colocated), _say)
         peak = points[0][2] if points_at == [(budget, rows)] else None
         if peak is None:
             predicted = fit(budget, rows)
