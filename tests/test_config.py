@@ -165,7 +165,7 @@ def test_final_acceptance_settings_flags_defaults_and_checks():
 
     from draftline.config import validate
     from draftline.errors import DraftlineError
-    from draftline.pipeline.evaluation import InTrainingEvaluation
+    from draftline.pipeline.build import build_evaluation
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -185,7 +185,7 @@ def test_final_acceptance_settings_flags_defaults_and_checks():
     target = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=16)
     model = ModelSpec.from_configs(target, build_drafter_config(target, num_hidden_layers=1, block_size=4))
-    evaluation = InTrainingEvaluation(RunSpec.standalone(config, model, torch.device("cpu")), DrafterGroup(), None)
+    evaluation = build_evaluation(RunSpec.standalone(config, model, torch.device("cpu")), DrafterGroup(), None)
     assert evaluation.settings(final=False) == (4, 32) and evaluation.settings(final=True) == (24, 64)
     validate(config)
     config.monitor.eval_final_num_prompts = 0

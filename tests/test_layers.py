@@ -96,7 +96,6 @@ def test_every_package_has_a_layer():
     assert not missing, f"packages without a layer (add them to docs/ARCHITECTURE.md and LAYERS): {missing}"
 
 
-@pytest.mark.xfail(strict=True, reason="checkpoint/state.py imports pipeline.shard until the moves of docs/ARCHITECTURE.md")
 def test_no_import_runs_back_up():
     wrong = []
     for path in sources():
@@ -109,7 +108,6 @@ def test_no_import_runs_back_up():
     assert not wrong, "imports that run back up the layers:\n" + "\n".join(wrong)
 
 
-@pytest.mark.xfail(strict=True, reason="checkpoint/state.py imports pipeline.shard until the moves of docs/ARCHITECTURE.md")
 def test_no_cycle_between_packages():
     graph, where = package_graph()
     cycles = []

@@ -8,7 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from draftline.checkpoint.state import CheckpointWriteError
+from draftline.checkpoint.writer import CheckpointWriteError
 from draftline.errors import MachineError
 from draftline.distributed.failure import FailureContext, fail
 from draftline.distributed.health import Health, RankInfo

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from draftline.checkpoint.state import latest_checkpoint, settle_checkpoint_write
+from draftline.checkpoint.state import latest_checkpoint
+from draftline.checkpoint.writer import settle_checkpoint_write
 from draftline.errors import DraftlineError, MachineError
 from draftline.distributed.health import Health, RunAborted, describe_exception
 from draftline.distributed.memory import find_out_of_memory

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from draftline.checkpoint.state import latest_checkpoint, record_start
+from draftline.checkpoint.state import latest_checkpoint
 from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
 
@@ -73,6 +73,14 @@ def prepare_run_dir(config: TrainConfig, decision: StartDecision) -> None:
                 shutil.move(str(run_dir / name), str(aside / name))
             print(f"draftline: --from-scratch: moved the previous run's {', '.join(present)} to {aside}")
     (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+
+
+def record_start(run_dir: str | Path, entry: dict[str, Any]) -> None:
+    """Append this start (fresh or resume, from which step) to RUN_DIR/starts.jsonl."""
+    path = Path(run_dir) / "starts.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 def log_start(config: TrainConfig, decision: StartDecision, *, step: int, world_size: int, topology: dict) -> None:

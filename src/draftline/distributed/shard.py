@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from draftline.checkpoint.state import whole_weights
 from draftline.distributed.health import Health
 from draftline.distributed.waits import wait_work
 
@@ -148,9 +149,7 @@ class DrafterGroup:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if not self.sharded:
-            if not self.is_first:
-                return {}
-            return {name: t.detach().to("cpu", torch.float32, copy=True) for name, t in drafter.state_dict().items()}
+            return whole_weights(drafter) if self.is_first else {}
         state = get_model_state_dict(drafter, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {name: t.float() for name, t in state.items()} if self.is_first else {}
 

@@ -2,7 +2,8 @@
 
 ``Line.run`` reads top to bottom: print the plan (first drafter), build the target (``build``) and
 check its worst case (``preflight``), build the drafter worker, check its worst case and resume it
-(``checkpoints.resume``), open the transport (``transport.open_transport``), run the role's loop
+(``checkpoint.manager.resume``), open the transport (``transport.open_transport``) and the checkpoint
+manager (``checkpoint.manager.CheckpointManager``, handed the run's stateful objects), run the role's loop
 (colocated: the target in a thread, the drafter here, ``loop.train``), and finish (final checkpoint,
 export, the final measurement). A failure ends in ``failure.fail`` with ``Line.failure_context``.
 """
@@ -16,7 +17,8 @@ from pathlib import Path
 import torch
 
 from draftline.checkpoint.export import save_drafter
-from draftline.checkpoint.state import check_disk_space
+from draftline.checkpoint.manager import CheckpointManager, CheckpointPolicy, resume
+from draftline.checkpoint.writer import check_disk_space
 from draftline.cores import usable_cores
 from draftline.model.target import TargetFeatures
 from draftline.monitor.dashboard import Dashboard
@@ -25,13 +27,12 @@ from draftline.monitor.gpu import device_stats
 from draftline.monitor.loggers import NullLogger, open_loggers
 from draftline.pipeline import loop
 from draftline.distributed import rundir
-from draftline.pipeline.build import build_drafter_worker, build_target, build_target_worker
-from draftline.pipeline.checkpoints import Checkpointer, resume
+from draftline.pipeline.build import build_drafter_worker, build_evaluation, build_target, build_target_worker
 from draftline.pipeline.drafter_worker import DrafterWorker
-from draftline.pipeline.evaluation import InTrainingEvaluation
+from draftline.evaluate.during_training import InTrainingEvaluation
 from draftline.distributed.failure import FailureContext
 from draftline.distributed.health import Health
-from draftline.pipeline.monitor_loop import DrafterPublisher, LineMonitor, write_trace
+from draftline.monitor.live import DrafterPublisher, LineMonitor, write_trace
 from draftline.distributed.shard import DrafterGroup, local_tensor
 from draftline.distributed.signals import StopSignals
 from draftline.pipeline.spec import RunSpec
@@ -53,7 +54,7 @@ class Line:
         self.logger = NullLogger()
         self.target_worker: TargetWorker | None = None
         self.worker: DrafterWorker | None = None
-        self.checkpointer: Checkpointer | None = None
+        self.checkpointer: CheckpointManager | None = None
         self.monitor = DrafterPublisher(health)
         self.evaluation: InTrainingEvaluation | None = None
         self.receiver = None
@@ -81,8 +82,13 @@ class Line:
         if role.is_target:
             self.target_worker = build_target_worker(spec, target, sender, self.health, on_batch=self._after_target_batch)
         if role.is_drafter:
-            self.evaluation = InTrainingEvaluation(spec, self.group, self.logger,
-                                                   target_worker=self.target_worker if spec.colocated else None)
+            c = spec.config.checkpoint
+            self.checkpointer = CheckpointManager(
+                spec.run_dir, drafter=self.worker.drafter, optimizer=self.worker.optimizer,
+                states=self.checkpoint_states(), keep=c.keep, config=spec.config.to_dict(), group=self.group,
+                policy=CheckpointPolicy(c.every_steps, c.every_minutes, spec.total_steps))
+            self.evaluation = build_evaluation(spec, self.group, self.logger,
+                                               target_worker=self.target_worker if spec.colocated else None)
         # ---- run
         if spec.colocated:
             self.target_thread = run_target_thread(self.target_worker, self.health)
@@ -124,7 +130,7 @@ class Line:
                 print(f"draftline: finished at step {worker.step}{early}; drafter in {final}")
             summary = self.evaluation.final(worker.drafter, worker.step)
             if summary is not None:
-                self.monitor.measured = summary
+                self.monitor.on_measurement(summary)
         elif first:
             print(f"draftline: stopped at step {worker.step}; checkpoint {saved}; "
                   "continue with the same command and --resume")
@@ -183,15 +189,21 @@ class Line:
             from draftline.sizing.preflight import preflight_drafter
 
             preflight_drafter(spec, worker, self.health.info.describe(), self.target_preflight)
-        counters = resume(spec, worker, self.group) if spec.checkpoint else {}
+        if spec.checkpoint:
+            resume(spec.checkpoint, drafter=worker.drafter, optimizer=worker.optimizer, states=self.checkpoint_states(),
+                   group=self.group, step=spec.start_step, next_seq=spec.start_seq)
         if spec.role.is_logging:
-            self._open_monitor(counters)
-        self.checkpointer = Checkpointer(
-            spec, worker, self.group,
-            counters=lambda: {"tokens": self.monitor.total_tokens, "samples": self.monitor.total_samples},
-            in_flight=lambda: list(getattr(self.receiver, "claimed", [])))
+            self._open_monitor()
 
-    def _open_monitor(self, counters: dict) -> None:
+    def checkpoint_states(self) -> dict:
+        """The run's objects a checkpoint holds (``checkpoint.manager``): the progress, the schedule and, once the
+        transport is open, its batches in flight."""
+        states = {"progress": self.worker.progress, "scheduler": self.worker.scheduler}
+        if self.receiver is not None:
+            states["transport"] = self.receiver
+        return states
+
+    def _open_monitor(self) -> None:
         spec, c = self.spec, self.spec.config
         problem = check_disk_space(spec.run_dir, spec.model.num_trained_params, c.checkpoint.keep)
         if problem:
@@ -207,7 +219,7 @@ class Line:
             # Colocated, every rank has a hidden-state queue of its own; the status sums the queues' batches.
             q_pre_capacity=c.topology.q_pre, interval_s=c.monitor.interval_s,
             q_hs_capacity=c.topology.q_hs * (spec.role.num_targets if spec.colocated else 1),
-            trace_dir=spec.run_dir / "trace" if c.engine.trace else None, counters=counters,
+            progress=self.worker.progress, trace_dir=spec.run_dir / "trace" if c.engine.trace else None,
             cpu_cores=usable_cores() if spec.device.type == "cpu" else None,
         )
         rundir.log_start(c, rundir.StartDecision(spec.mode, Path(spec.checkpoint) if spec.checkpoint else None),

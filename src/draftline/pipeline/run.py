@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from draftline.checkpoint.state import wait_for_checkpoint
+from draftline.checkpoint.writer import wait_for_checkpoint
 from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
 from draftline.monitor.loggers import NullLogger

@@ -58,6 +58,13 @@ class FeatureReceiver(Protocol):
     def get(self) -> tuple[Delivery | None, float]:
         """The next batch for this drafter (None when the run has no more) and seconds waited."""
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the transport: ``{"in_flight": [...]}``, the batches claimed and not
+        handed over yet (for the record: a resume recomputes them from the checkpoint's step)."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Nothing to restore: a resume claims its batches afresh."""
+
     def depth(self) -> int: ...
 
 
@@ -84,6 +91,12 @@ class InProcessChannel:
 
     def depth(self) -> int:
         return self.queue.qsize()
+
+    def state_dict(self) -> dict:
+        return {"in_flight": []}  # the queue's batches are this process's own: recomputed after a resume
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------- distributed
@@ -238,6 +251,12 @@ class DistributedReceiver:
 
     def depth(self) -> int:
         return len(self.pending)
+
+    def state_dict(self) -> dict:
+        return {"in_flight": self.claimed}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------- choosing one

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from draftline.monitor.live import LineMonitor
+from draftline.pipeline.progress import Progress
 from draftline.sizing.flops import PeakFlops
-from draftline.pipeline.monitor_loop import LineMonitor
 
 
 class _Peers:
@@ -23,7 +24,7 @@ def test_target_work_before_the_start_is_not_in_the_first_interval():
     monitor = LineMonitor(
         health=peers, logger=SimpleNamespace(log=lambda record: None), dashboard=None, block_size=4,
         total_steps=10, start_step=0, batches_per_step=1, schedule=schedule, peak=PeakFlops(1e15, "test"),
-        num_devices=2, q_pre_capacity=4, q_hs_capacity=4, interval_s=3600.0,
+        num_devices=2, q_pre_capacity=4, q_hs_capacity=4, interval_s=3600.0, progress=Progress(),
     )
     # The target warmed up and filled the queue before the drafters began: 5 batches, 5e15 FLOP.
     peers.target.update(flops=5e15, batches=5)
@@ -41,7 +42,8 @@ def _monitor(stats: dict, *, schedule, peak, batches_per_step=1, total_steps=10)
     return LineMonitor(
         health=SimpleNamespace(peer_stats=lambda: stats), logger=SimpleNamespace(log=lambda record: None),
         dashboard=None, block_size=4, total_steps=total_steps, start_step=0, batches_per_step=batches_per_step,
-        schedule=schedule, peak=peak, num_devices=max(1, len(stats)), q_pre_capacity=4, q_hs_capacity=4, interval_s=3600.0)
+        schedule=schedule, peak=peak, num_devices=max(1, len(stats)), q_pre_capacity=4, q_hs_capacity=4, interval_s=3600.0,
+        progress=Progress())
 
 
 def _real_schedule(num_epochs: int):

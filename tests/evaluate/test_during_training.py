@@ -1,4 +1,4 @@
-"""pipeline/evaluation.py: when acceptance is measured during training, and what running out of memory does."""
+"""evaluate/during_training.py: when acceptance is measured during training, and what running out of memory does."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import torch
 from transformers import Qwen3Config
 
 from draftline.config import TrainConfig
-from draftline.model.config import build_drafter_config
-from draftline.pipeline.evaluation import InTrainingEvaluation, eval_interval
 from draftline.distributed.shard import DrafterGroup
-from draftline.pipeline.spec import ModelSpec, RunSpec
+from draftline.evaluate.during_training import InTrainingEvaluation, eval_interval
+from draftline.model.config import build_drafter_config
 
 
 def test_the_cadence():
@@ -25,9 +24,10 @@ def _evaluation(eval_every=None, total_steps=100):
                          num_attention_heads=2, num_key_value_heads=1, head_dim=16)
     config = TrainConfig()
     config.monitor.eval_every = eval_every
-    model = ModelSpec.from_configs(target, build_drafter_config(target, num_hidden_layers=1, block_size=4))
-    spec = RunSpec.standalone(config, model, torch.device("cpu"), total_steps=total_steps)
-    return InTrainingEvaluation(spec, DrafterGroup(), logger=None), config
+    evaluation = InTrainingEvaluation(config.monitor, total_steps=total_steps, target="unused", dataset=None,
+                                      drafter_config=build_drafter_config(target, num_hidden_layers=1, block_size=4),
+                                      device=torch.device("cpu"), dtype=torch.float32, group=DrafterGroup(), logger=None)
+    return evaluation, config
 
 
 def test_due_every_interval_and_never_at_the_last_step():

@@ -24,9 +24,9 @@ from contextlib import nullcontext
 
 import torch
 
-from draftline.model.drafter import DFlashDrafter
+from draftline.config import MonitorConfig
 from draftline.distributed.shard import DrafterGroup
-from draftline.pipeline.spec import RunSpec
+from draftline.model.drafter import DFlashDrafter
 
 
 def eval_interval(eval_every: int | None, total_steps: int, evaluations: int = 10) -> int:
@@ -41,21 +41,32 @@ def eval_interval(eval_every: int | None, total_steps: int, evaluations: int = 1
 
 class InTrainingEvaluation:
     """Measures tau on the first drafter; prompts, the target copy and (sharded) the drafter copy are made on
-    first use. Every drafter calls ``during`` and ``final`` at the same steps."""
+    first use. Every drafter calls ``during`` and ``final`` at the same steps.
 
-    def __init__(self, spec: RunSpec, group: DrafterGroup, logger, *, target_worker=None):
-        self.spec = spec
+    ``config``: the monitor's section of the config (cadence, prompts, lengths); ``target``: the target's
+    directory; ``dataset``: the prepared dataset, whose held-out prompts are measured unless
+    ``config.eval_prompts`` names a file; ``device``/``dtype``: where and in what the first drafter decodes;
+    ``target_worker``: colocated, the target thread whose copy decodes (paused meanwhile)."""
+
+    def __init__(self, config: MonitorConfig, *, total_steps: int, drafter_config, target: str, dataset,
+                 device: torch.device, dtype: torch.dtype, group: DrafterGroup, logger, target_worker=None):
+        self.config = config
+        self.total_steps = total_steps
+        self.drafter_config = drafter_config
+        self.target = target
+        self.dataset = dataset
+        self.device, self.dtype = device, dtype
         self.group = group
         self.logger = logger
         self.target_worker = target_worker  # colocated: decode with its copy
-        self.every = eval_interval(spec.config.monitor.eval_every, spec.total_steps)
+        self.every = eval_interval(config.eval_every, total_steps)
         self.enabled = True
         self._prompts: list[list[int]] | None = None  # every prompt either measurement uses
         self._target = None
         self._copy: DFlashDrafter | None = None  # sharded: the whole drafter, on the first drafter
 
     def due(self, step: int) -> bool:
-        return self.enabled and bool(self.every) and step % self.every == 0 and step < self.spec.total_steps
+        return self.enabled and bool(self.every) and step % self.every == 0 and step < self.total_steps
 
     def during(self, drafter, step: int) -> dict | None:
         """A measurement during the run; one that runs out of device memory turns the others off."""
@@ -88,7 +99,7 @@ class InTrainingEvaluation:
 
     def settings(self, final: bool) -> tuple[int | None, int]:
         """(prompts, new tokens per prompt) of a measurement during training or of the final one."""
-        c = self.spec.config.monitor
+        c = self.config
         if final:
             return c.eval_final_num_prompts, c.eval_final_max_new_tokens
         return c.eval_num_prompts, c.eval_max_new_tokens
@@ -115,7 +126,7 @@ class InTrainingEvaluation:
         start = time.time()
         was_training = drafter.training
         drafter.eval()
-        device, dtype = self.spec.device, self.spec.dtype
+        device, dtype = self.device, self.dtype
         pause = self.target_worker.paused() if self.target_worker is not None else nullcontext()
         try:
             with pause, torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
@@ -134,19 +145,19 @@ class InTrainingEvaluation:
         """The first drafter's unsharded copy of the drafter, in the compute dtype, refreshed from ``weights``."""
         if self._copy is None:
             with torch.device("meta"):
-                copy = DFlashDrafter(self.spec.model.drafter_config)
-            self._copy = copy.to_empty(device=self.spec.device).to(self.spec.dtype).requires_grad_(False)
+                copy = DFlashDrafter(self.drafter_config)
+            self._copy = copy.to_empty(device=self.device).to(self.dtype).requires_grad_(False)
         self._copy.load_state_dict(weights)
         return self._copy
 
     def _load_prompts(self) -> list[list[int]]:
-        c = self.spec.config.monitor
+        c = self.config
         limit = None if c.eval_final_num_prompts is None else max(c.eval_num_prompts, c.eval_final_num_prompts)
         if c.eval_prompts:
             from draftline.evaluate.prompts import read_prompts
 
-            return read_prompts(c.eval_prompts, self.spec.model.target, limit=limit)
-        held = [r["input_ids"] for r in self.spec.data.dataset.heldout() if r.get("input_ids")]
+            return read_prompts(c.eval_prompts, self.target, limit=limit)
+        held = [r["input_ids"] for r in self.dataset.heldout() if r.get("input_ids")]
         return held[:limit]
 
     def _load_target(self):
@@ -155,7 +166,7 @@ class InTrainingEvaluation:
         from transformers import AutoModelForCausalLM  # a drafter rank: a full copy, once (bf16 on GPU)
 
         # Preflight did not count this copy: say so where an out-of-memory would follow.
-        print(f"draftline: loading a full copy of the target on this drafter rank ({self.spec.device}) to measure "
+        print(f"draftline: loading a full copy of the target on this drafter rank ({self.device}) to measure "
               "acceptance (--eval-every); colocated runs reuse the target's own copy", flush=True)
         return AutoModelForCausalLM.from_pretrained(
-            self.spec.model.target, dtype=self.spec.dtype).to(self.spec.device).eval().requires_grad_(False)
+            self.target, dtype=self.dtype).to(self.device).eval().requires_grad_(False)

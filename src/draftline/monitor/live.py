@@ -26,7 +26,7 @@ from draftline.distributed.health import Health
 def publish_drafter(health: Health, worker) -> None:
     """This drafter's counters and device figures, for the monitor on the first drafter (through the heartbeat)."""
     c = worker.counters
-    health.stats.update("drafter", {"step": c.step, "batches": c.batches, "wait_s": c.wait_s, "busy_s": c.busy_s})
+    health.stats.update("drafter", {"step": worker.step, "batches": c.batches, "wait_s": c.wait_s, "busy_s": c.busy_s})
     health.stats.update("gpu", {**device_stats(worker.device).to_record(), "rank": health.info.rank,
                                 "role": health.info.role})
 
@@ -45,12 +45,13 @@ class DrafterPublisher:
 
     def __init__(self, health: Health):
         self.health = health
-        self.measured: dict = {}
-        self.total_tokens = self.total_samples = 0
         self.started = 0.0
 
     def on_step(self, record, worker) -> None:
         publish_drafter(self.health, worker)
+
+    def on_measurement(self, summary: dict) -> None:
+        pass
 
     def start(self, ends_at: float | None = None) -> None:
         pass
@@ -77,10 +78,12 @@ class LineMonitor:
         q_hs_capacity: int,
         interval_s: float,
         window_s: float = 30.0,
+        progress,
         trace_dir=None,
-        counters: dict | None = None,
         cpu_cores: int | None = None,
     ):
+        """``progress``: the run's (``pipeline.progress.Progress``: the tokens, samples and skipped steps shown
+        are its, counted from the run's first step)."""
         self.health = health
         self.cpu_cores = cpu_cores  # CPU ranks: the host's cores they share (the advice says so)
         self.trace_dir = trace_dir  # engine.trace: each step's loss in trace/steps.jsonl
@@ -111,13 +114,11 @@ class LineMonitor:
         self.drafter_wait = RateMeter(window_s)
         self._last_target = {"flops": 0.0, "batches": 0.0, "wait": 0.0}
         self._last_drafter_wait = 0.0
-        self.total_tokens = int((counters or {}).get("tokens", 0))  # a resume goes on counting
-        self.total_samples = int((counters or {}).get("samples", 0))
+        self.progress = progress
         self.lr = float("nan")
         self.grad_norm = float("nan")
-        self.skipped = 0
         self.last_status: LineStatus | None = None
-        self.measured: dict = {}  # the latest evaluation record (real acceptance), set by the trainer
+        self.measured: dict = {}  # the latest evaluation record (real acceptance): ``on_measurement``
         self.ends_at: float | None = None
         self.transfer: dict = {"sent_gb": 0.0}
         self._stop = threading.Event()
@@ -135,15 +136,16 @@ class LineMonitor:
             self.drafter_batches.add(record.batches)
             self.drafter_flops.add(record.flops)
             self.steps.add(1)
-            self.total_tokens += record.tokens
-            self.total_samples += record.samples
             self.step = record.step
             self.lr = record.lr
             self.grad_norm = record.grad_norm
-            self.skipped = worker.counters.skipped_steps
         if self.trace_dir is not None:
             write_trace(self.trace_dir, "steps.jsonl", {"step": record.step, "loss": record.loss,
                                                         "weight": float(record.metrics[WEIGHT_SUM]), "lr": record.lr})
+
+    def on_measurement(self, summary: dict) -> None:
+        """The latest acceptance measured (an ``eval`` record): the tau of the status from now on."""
+        self.measured = summary
 
     # ------------------------------------------------------------------ output
     def _peers(self) -> tuple[list[dict], list[dict]]:
@@ -203,8 +205,8 @@ class LineMonitor:
             epoch=epoch,
             num_epochs=self.schedule.num_epochs,
             epochs_done=epochs_done,
-            samples=self.total_samples,
-            tokens=self.total_tokens,
+            samples=self.progress.samples,
+            tokens=self.progress.tokens,
             loss=summary.get("loss", float("nan")),
             accuracy=summary.get("accuracy", float("nan")),
             accuracy_by_position=summary.get("accuracy_by_position", []),
@@ -212,7 +214,7 @@ class LineMonitor:
             tau=self.measured.get("tau", float("nan")), tau_step=self.measured.get("step"),
             lr=self.lr,
             grad_norm=self.grad_norm,
-            skipped_steps=self.skipped,
+            skipped_steps=self.progress.skipped_steps,
             ktok_s=self.tokens.rate() / 1e3,
             samples_s=self.samples.rate(),
             tflops=flops_rate / 1e12,
