@@ -15,6 +15,7 @@ import time
 import pytest
 
 from draftline.errors import DraftlineError
+from draftline import run_files
 from draftline.distributed import rundir
 from line_helpers import base_args, read_jsonl, run, start, wait_until
 
@@ -29,7 +30,7 @@ def _write_lock(run_dir, age_s: float = 0.0, **fields):
     """A lock as another process would have left it (this host and a live pid unless told otherwise)."""
     owner = dataclasses.replace(rundir.this_process(), **fields)
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / rundir.LOCK_NAME
+    path = run_dir / run_files.LOCK
     path.write_text(json.dumps(dataclasses.asdict(owner)))
     then = time.time() - age_s
     os.utime(path, (then, then))
@@ -56,7 +57,7 @@ def test_a_live_run_on_this_host_keeps_its_directory(tmp_path, other_process):
         rundir.acquire_run_lock(tmp_path)
     with pytest.raises(DraftlineError, match=f"pid {other_process.pid}"):
         rundir.check_run_dir_free(tmp_path)  # the launcher's look, before it starts any rank
-    assert json.loads((tmp_path / rundir.LOCK_NAME).read_text())["pid"] == other_process.pid  # untouched
+    assert json.loads((tmp_path / run_files.LOCK).read_text())["pid"] == other_process.pid  # untouched
 
 
 def _dead_pid() -> int:
@@ -153,7 +154,7 @@ def test_of_starts_racing_for_a_dead_runs_lock_exactly_one_wins(tmp_path):
         thread.join(timeout=30)
     winners = [host for host, verdict in verdicts.items() if verdict == "owner"]
     assert len(verdicts) == 4 and len(winners) == 1, verdicts
-    assert json.loads((tmp_path / rundir.LOCK_NAME).read_text())["host"] == winners[0]
+    assert json.loads((tmp_path / run_files.LOCK).read_text())["host"] == winners[0]
     for host, verdict in verdicts.items():
         if host != winners[0]:
             assert f"belongs to a live run (host {winners[0]}, pid {os.getpid()}" in verdict
@@ -168,7 +169,7 @@ def test_a_second_train_into_a_live_runs_directory_is_refused(qwen3_target, line
     live = start(args)
     try:
         wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 3, 120, "3 steps", live)
-        lock = json.loads((out / rundir.LOCK_NAME).read_text())
+        lock = json.loads((out / run_files.LOCK).read_text())
         assert lock["pid"] == live.pid and lock["host"] == socket.gethostname()
         for extra in (["--from-scratch"], ["--resume", "--gpus", "2"]):
             second = run([*args, *extra], timeout=120)
@@ -181,4 +182,4 @@ def test_a_second_train_into_a_live_runs_directory_is_refused(qwen3_target, line
         live.send_signal(signal.SIGINT)
         out_text, err_text = live.communicate(timeout=120)
     assert live.returncode == 0, err_text[-3000:]
-    assert not (out / rundir.LOCK_NAME).exists()  # released at exit
+    assert not (out / run_files.LOCK).exists()  # released at exit

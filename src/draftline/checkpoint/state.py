@@ -50,9 +50,11 @@ import torch.distributed as dist
 
 from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME, drafter_config_dict, load_drafter
 from draftline.checkpoint.writer import (
-    MANIFEST, STATE_DIR, TRAINER_JSON, TRAINER_STATE, WRITER, _Pending, checkpoint_bytes, checkpoint_dir, sha256,
+    DRAFTER_DIR, MANIFEST, STATE_DIR, TRAINER_JSON, TRAINER_STATE, WRITER, _Pending, checkpoint_bytes, checkpoint_dir,
+    sha256,
 )
 from draftline.errors import DraftlineError
+from draftline import run_files
 
 FORMAT = 2
 """1: optimizer state inside trainer.pt (one drafter); 2: ``state/`` written by torch.distributed.checkpoint."""
@@ -219,7 +221,7 @@ def verify_checkpoint(path: str | Path, *, drafter_only: bool = False) -> str | 
         return f"no {TRAINER_STATE}"
     manifest_file = path / MANIFEST
     if not manifest_file.is_file():
-        legacy = (path / "drafter" / WEIGHTS_NAME).is_file() and (path / "drafter" / CONFIG_NAME).is_file()
+        legacy = (path / DRAFTER_DIR / WEIGHTS_NAME).is_file() and (path / DRAFTER_DIR / CONFIG_NAME).is_file()
         return None if legacy else f"no {MANIFEST} and no drafter/{WEIGHTS_NAME}"
     key = (str(path.resolve()), manifest_file.stat().st_mtime, drafter_only)
     if key in _VERIFIED:
@@ -250,11 +252,11 @@ def latest_checkpoint(run_dir: str | Path, *, quiet: bool = False) -> Path | Non
     look, out of resume's and pruning's way) with a message naming it and why.
     """
     WRITER.wait()  # a write of this process in flight is part of the answer
-    folder = Path(run_dir) / "checkpoints"
+    folder = Path(run_dir) / run_files.CHECKPOINTS
     if not folder.is_dir():
         return None
     candidates = sorted((p for p in folder.glob("step-*") if p.is_dir()), reverse=True)
-    pointer = folder / "latest"
+    pointer = folder / run_files.LATEST
     if pointer.is_file():
         named = folder / pointer.read_text().strip()
         if named in candidates:
@@ -334,7 +336,7 @@ def _load_format_1(path: Path, payload: dict, drafter, optimizer, group) -> None
         raise DraftlineError(f"{path}: written by an earlier draftline with the optimizer state in trainer.pt, which "
                              "loads on one drafter only; resume it on one drafter, save, then resume on more")
     device = next(drafter.parameters()).device
-    saved = load_drafter(path / "drafter", device=device, dtype=torch.float32)
+    saved = load_drafter(path / DRAFTER_DIR, device=device, dtype=torch.float32)
     with torch.no_grad():
         for (_, param), (_, value) in zip(drafter.state_dict().items(), saved.state_dict().items()):
             param.copy_(value)

@@ -28,14 +28,16 @@ from safetensors.torch import save_file
 
 from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME
 from draftline.errors import DraftlineError, MachineError
+from draftline import run_files
 
+DRAFTER_DIR = "drafter"
 TRAINER_STATE = "trainer.pt"
 TRAINER_JSON = "trainer.json"
 STATE_DIR = "state"
 MANIFEST = "manifest.json"
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step-{step:08d}"
+    return Path(run_dir) / run_files.CHECKPOINTS / f"step-{step:08d}"
 
 
 @dataclass
@@ -87,9 +89,9 @@ def _finish(pending: _Pending) -> Path:
         return pending.target
     tmp, final = pending.tmp, pending.target
     try:
-        (tmp / "drafter").mkdir(exist_ok=True)
-        save_file(pending.weights, str(tmp / "drafter" / WEIGHTS_NAME), metadata={"format": "pt"})
-        (tmp / "drafter" / CONFIG_NAME).write_text(json.dumps(pending.drafter_config, indent=2) + "\n")
+        (tmp / DRAFTER_DIR).mkdir(exist_ok=True)
+        save_file(pending.weights, str(tmp / DRAFTER_DIR / WEIGHTS_NAME), metadata={"format": "pt"})
+        (tmp / DRAFTER_DIR / CONFIG_NAME).write_text(json.dumps(pending.drafter_config, indent=2) + "\n")
         torch.save(pending.payload, tmp / TRAINER_STATE)
         (tmp / TRAINER_JSON).write_text(json.dumps(pending.summary, indent=2) + "\n")
         files = {}
@@ -99,7 +101,7 @@ def _finish(pending: _Pending) -> Path:
         manifest = tmp / MANIFEST
         manifest.write_text(json.dumps({"step": pending.step, "files": files}, indent=2) + "\n")
         _fsync(manifest)
-        for folder in (tmp / "drafter", tmp / STATE_DIR, tmp):
+        for folder in (tmp / DRAFTER_DIR, tmp / STATE_DIR, tmp):
             _fsync(folder)
         old = None
         if final.exists():  # the same step saved again (a stop right after a periodic save)
@@ -108,7 +110,7 @@ def _finish(pending: _Pending) -> Path:
         os.replace(tmp, final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        _write_atomic(final.parent / "latest", final.name + "\n")
+        _write_atomic(final.parent / run_files.LATEST, final.name + "\n")
         _fsync(final.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -150,7 +152,7 @@ class _Writer:
             exc, self.error = self.error, None
             pending = self.pending
             previous = self.previous
-            pointer = pending.target.parent / "latest" if pending else None
+            pointer = pending.target.parent / run_files.LATEST if pending else None
             if previous is None and pointer is not None and pointer.is_file():
                 previous = pointer.parent / pointer.read_text().strip()
             raise _write_error(exc, pending, previous) from None
@@ -255,7 +257,7 @@ def check_disk_space(run_dir: str | Path, num_trained_params: int, keep: int) ->
         folder = folder.parent
     free = shutil.disk_usage(folder).free
     size = checkpoint_bytes(num_trained_params)
-    existing = len([p for p in (run_dir / "checkpoints").glob("step-*") if p.is_dir()]) if run_dir.exists() else 0
+    existing = len([p for p in (run_dir / run_files.CHECKPOINTS).glob("step-*") if p.is_dir()]) if run_dir.exists() else 0
     needed = max(0, keep + 1 - existing) * size
     if free >= needed:
         return None

@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from draftline import run_files
 from draftline.checkpoint.state import latest_checkpoint
 from draftline.checkpoint.writer import settle_checkpoint_write
 from draftline.errors import DraftlineError, MachineError
 from draftline.distributed.health import Health, RunAborted, describe_exception
 from draftline.distributed.memory import find_out_of_memory
 from draftline.distributed.roles import Role
+from draftline.distributed import keys
 
 
 @dataclass
@@ -65,7 +67,7 @@ def find_culprit(health: Health, wait_s: float = 3.0) -> str | None:
 
 def _run_over(store) -> bool:
     try:
-        return store.check(["run_over"])
+        return store.check([keys.RUN_OVER])
     except Exception:  # noqa: BLE001 - the store is gone: not a clean stop
         return False
 
@@ -122,7 +124,7 @@ def fail(exc: BaseException, ctx: FailureContext) -> int:
         saved = newest
     if reports:
         try:
-            (ctx.run_dir / "failure.json").write_text(json.dumps(
+            (ctx.run_dir / run_files.FAILURE).write_text(json.dumps(
                 {"time": time.time(), "message": message, "step": ctx.step(),
                  "checkpoint": str(saved) if saved else None}, indent=2) + "\n")
         except OSError:

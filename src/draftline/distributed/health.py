@@ -36,6 +36,7 @@ import torch
 
 from draftline.distributed.compile_lock import COMPILE_LOCK
 from draftline.distributed.stats import SharedStats
+from draftline.distributed import keys
 
 
 class RunAborted(RuntimeError):
@@ -168,8 +169,8 @@ class Health:
             threading.Thread(target=self._exit_when_stuck, args=(message,), name="draftline-stuck", daemon=True).start()
         if first and publish and self.store is not None:
             try:
-                if not self.store.check(["abort"]):
-                    self.store.set("abort", json.dumps({"message": message, "rank": rank}))
+                if not self.store.check([keys.ABORT]):
+                    self.store.set(keys.ABORT, json.dumps({"message": message, "rank": rank}))
             except Exception:  # noqa: BLE001 - the store may be gone; peers find the cause themselves
                 pass
 
@@ -187,7 +188,7 @@ class Health:
         """Publish this rank and start the heartbeat and watchdog threads (no-op without a store)."""
         if self.store is None:
             return
-        self.store.set(f"rank/{self.info.rank}", json.dumps(asdict(self.info)))
+        self.store.set(keys.rank_key(self.info.rank), json.dumps(asdict(self.info)))
         self._beat()
         for target in (self._heartbeat_loop, self._watchdog_loop):
             thread = threading.Thread(target=target, name=f"draftline-{target.__name__}", daemon=True)
@@ -202,7 +203,7 @@ class Health:
         self.abort(f"{self.info.describe()} failed: {cause}")
         if self.store is not None:
             try:
-                self.store.set(f"fail/{self.info.rank}", json.dumps({"cause": cause, "time": time.time()}))
+                self.store.set(keys.fail_key(self.info.rank), json.dumps({"cause": cause, "time": time.time()}))
             except Exception:  # noqa: BLE001 - the store may be gone already; the heartbeat will stop
                 pass
 
@@ -210,13 +211,13 @@ class Health:
         if self.store is not None:
             try:
                 self._beat()  # the final numbers, for the monitor
-                self.store.set(f"done/{self.info.rank}", "1")
+                self.store.set(keys.done_key(self.info.rank), "1")
             except Exception:  # noqa: BLE001
                 pass
 
     def _beat(self) -> None:
         payload = {"time": time.time(), "progress": self._progress, "warm": self.warm, "stats": self.stats.snapshot()}
-        self.store.set(f"hb/{self.info.rank}", json.dumps(payload))
+        self.store.set(keys.heartbeat_key(self.info.rank), json.dumps(payload))
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.beat_s):
@@ -228,7 +229,7 @@ class Health:
     def peer(self, rank: int) -> RankInfo:
         if rank not in self.peers:
             try:
-                self.peers[rank] = RankInfo(**json.loads(self.store.get(f"rank/{rank}")))
+                self.peers[rank] = RankInfo(**json.loads(self.store.get(keys.rank_key(rank))))
             except Exception:  # noqa: BLE001
                 return RankInfo(rank, "unknown", "?", "?", -1)
         return self.peers[rank]
@@ -242,8 +243,8 @@ class Health:
             if rank == self.info.rank:
                 continue
             try:
-                if self.store.check([f"hb/{rank}"]):
-                    out[rank] = json.loads(self.store.get(f"hb/{rank}"))["stats"]
+                if self.store.check([keys.heartbeat_key(rank)]):
+                    out[rank] = json.loads(self.store.get(keys.heartbeat_key(rank)))["stats"]
             except Exception:  # noqa: BLE001
                 pass
         return out
@@ -251,25 +252,25 @@ class Health:
     def scan(self) -> str | None:
         """One look at every other rank; the message naming a dead, failed or hung rank, if any."""
         now = time.time()
-        if self.store.check(["run_over"]):
+        if self.store.check([keys.RUN_OVER]):
             return "the drafters ended the run"
-        if self.store.check(["abort"]):  # another rank named the culprit first
-            published = json.loads(self.store.get("abort"))
+        if self.store.check([keys.ABORT]):  # another rank named the culprit first
+            published = json.loads(self.store.get(keys.ABORT))
             self.failed_rank = published["rank"]
             return published["message"]
         for rank in range(self.world_size):
             if rank == self.info.rank:
                 continue
-            if self.store.check([f"fail/{rank}"]):
-                cause = json.loads(self.store.get(f"fail/{rank}"))["cause"]
+            if self.store.check([keys.fail_key(rank)]):
+                cause = json.loads(self.store.get(keys.fail_key(rank)))["cause"]
                 self.failed_rank = rank
                 return f"{self.peer(rank).describe()} failed: {cause}"
-            if self.store.check([f"done/{rank}"]):
+            if self.store.check([keys.done_key(rank)]):
                 self._finished.add(rank)
                 continue
-            if not self.store.check([f"hb/{rank}"]):
+            if not self.store.check([keys.heartbeat_key(rank)]):
                 continue  # not started yet; startup waits are bounded by the process-group timeout
-            beat = json.loads(self.store.get(f"hb/{rank}"))
+            beat = json.loads(self.store.get(keys.heartbeat_key(rank)))
             info = self.peer(rank)
             self.failed_rank = rank  # provisional: cleared below if this rank looks healthy
             if info.host == self.info.host and info.pid > 0 and not _pid_alive(info.pid):
@@ -298,7 +299,7 @@ class Health:
 
     def store_reachable(self) -> bool:
         try:
-            self.store.check(["run_over"])
+            self.store.check([keys.RUN_OVER])
             return True
         except Exception:  # noqa: BLE001 - connection refused or reset: the store's host is gone
             return False

@@ -15,13 +15,14 @@ import sys
 import time
 from pathlib import Path
 
+from draftline import run_files
 from draftline.distributed.rundir import live_owner
 
 
 def stopped_exit_code(run_dir: Path, signum: int, started: float) -> int:
     """The exit code of a launch stopped by a signal, from how its ranks ended: the logging rank's
     end record in RUN_DIR/metrics.jsonl (its message, with the checkpoint, is above)."""
-    end = last_end_record(run_dir / "metrics.jsonl", started)
+    end = last_end_record(run_dir / run_files.METRICS, started)
     if end is not None and end.get("status") in ("stopped", "finished"):
         return 0
     if end is not None and end.get("status") == "failed":
@@ -59,14 +60,14 @@ def name_failed_rank(run_dir: Path, rank: int, failure, started: float) -> str:
     """
     how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
     name = f"rank {rank} (pid {failure.pid})"
-    record = run_dir / "ranks" / f"rank-{rank}.json"
+    record = run_dir / run_files.RANKS / run_files.rank_file(rank)
     try:
         info = json.loads(record.read_text())
         name = f"{info['role']} rank {rank} (host {info['host']}, {info['gpu']}, pid {info['pid']})"
     except (OSError, ValueError, KeyError):
         pass
     message = f"{name} died ({how})"
-    failure_json = run_dir / "failure.json"
+    failure_json = run_dir / run_files.FAILURE
     try:
         written = json.loads(failure_json.read_text())["time"] >= started  # by a rank of this launch
     except (OSError, ValueError, KeyError):

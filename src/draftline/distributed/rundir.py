@@ -22,11 +22,11 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from draftline import run_files
 from draftline.checkpoint.state import latest_checkpoint
 from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
 
-_RUN_FILES = ("checkpoints", "final", "metrics.jsonl", "tensorboard", "report", "failure.json", "config.json")
 
 
 @dataclass
@@ -65,19 +65,19 @@ def prepare_run_dir(config: TrainConfig, decision: StartDecision) -> None:
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     if decision.mode == "fresh" and config.checkpoint.from_scratch:
-        present = [name for name in _RUN_FILES if (run_dir / name).exists()]
+        present = [name for name in run_files.MOVED_ASIDE if (run_dir / name).exists()]
         if present:
             aside = run_dir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
             aside.mkdir()
             for name in present:
                 shutil.move(str(run_dir / name), str(aside / name))
             print(f"draftline: --from-scratch: moved the previous run's {', '.join(present)} to {aside}")
-    (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    (run_dir / run_files.CONFIG).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
 
 
 def record_start(run_dir: str | Path, entry: dict[str, Any]) -> None:
     """Append this start (fresh or resume, from which step) to RUN_DIR/starts.jsonl."""
-    path = Path(run_dir) / "starts.jsonl"
+    path = Path(run_dir) / run_files.STARTS
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         f.write(json.dumps(entry) + "\n")
@@ -109,7 +109,6 @@ def log_start(config: TrainConfig, decision: StartDecision, *, step: int, world_
 # (same TORCHELASTIC_RUN_ID, a later restart count) takes over its previous attempt's lock; on
 # another host only the heartbeat can tell, and a lock not refreshed for STALE_S is a dead run's.
 
-LOCK_NAME = "run.lock"
 HEARTBEAT_S = 15.0
 STALE_S = 120.0
 _UNREADABLE_GRACE_S = 10.0  # a lock being written is empty for a moment; an older unreadable one is debris
@@ -226,7 +225,7 @@ def _take_over(path: Path, judged: str | None, me: LockOwner) -> bool:
     A second file, created with O_EXCL, makes the check and the replacement one step: of two
     starts that judged the same dead lock, one replaces it and the other then finds a live owner.
     """
-    guard = path.with_name(LOCK_NAME + ".takeover")
+    guard = path.with_name(run_files.LOCK + ".takeover")
     try:
         fd = os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
@@ -244,7 +243,7 @@ def _take_over(path: Path, judged: str | None, me: LockOwner) -> bool:
             owner = None
         if (owner.token if owner else None) != judged:
             return False
-        tmp = path.with_name(f"{LOCK_NAME}.{me.token}")
+        tmp = path.with_name(f"{run_files.LOCK}.{me.token}")
         tmp.write_text(_lock_text(me))
         os.replace(tmp, path)  # atomic: the directory is never without a lock
         return True
@@ -254,7 +253,7 @@ def _take_over(path: Path, judged: str | None, me: LockOwner) -> bool:
 
 
 def _refusal(run_dir: Path, owner: LockOwner, why: str) -> DraftlineError:
-    path = run_dir / LOCK_NAME
+    path = run_dir / run_files.LOCK
     hint = ("" if owner.host == socket.gethostname() else
             f"; if host {owner.host} is down, the lock counts as a dead run's {STALE_S:.0f} s after its last refresh "
             f"(or delete {path})")
@@ -270,7 +269,7 @@ class RunLock:
 
     def __init__(self, run_dir: Path, owner: LockOwner, created_dir: bool):
         self.run_dir = run_dir
-        self.path = run_dir / LOCK_NAME
+        self.path = run_dir / run_files.LOCK
         self.owner = owner
         self.created_dir = created_dir
         self._stop = threading.Event()
@@ -330,7 +329,7 @@ def acquire_run_lock(run_dir: str | Path) -> RunLock:
 def take_lock(run_dir: Path, me: LockOwner, timeout_s: float = 30.0) -> None:
     """Write ``me`` into ``run_dir``'s lock: created if there is none, taken over (with a message) from
     a dead owner, refused (``DraftlineError``) while a live one holds it."""
-    path = run_dir / LOCK_NAME
+    path = run_dir / run_files.LOCK
     deadline = time.time() + timeout_s
     while not _create(path, me):
         try:
@@ -368,7 +367,7 @@ def release_run_lock() -> None:
 def live_owner(run_dir: str | Path) -> tuple[LockOwner, str] | None:
     """The live run that owns ``run_dir`` other than this process, with why it counts as live; None
     if the directory is free or its lock is a dead run's. For a launcher's check before it starts ranks."""
-    path = Path(run_dir) / LOCK_NAME
+    path = Path(run_dir) / run_files.LOCK
     try:
         owner, age = read_lock(path)
     except FileNotFoundError:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from draftline import run_files
 from draftline.checkpoint.state import read_trainer_state
 from draftline.config import TrainConfig
 from draftline.data.dataset import META_FILE
@@ -23,6 +24,7 @@ from draftline.errors import DraftlineError
 from draftline.distributed import rundir
 from draftline.distributed.health import Health, RunAborted, describe_exception
 from draftline.distributed.waits import wait_for
+from draftline.distributed import keys
 
 
 def join_job(backend: str, device, restart: int, timeout: timedelta) -> dist.Store:
@@ -33,10 +35,10 @@ def join_job(backend: str, device, restart: int, timeout: timedelta) -> dist.Sto
     of the restart count, so a restarted job never reads the address of a process of the start before.
     """
     store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
-    dist.init_process_group(backend=backend, store=dist.PrefixStore(f"draftline/start-{restart}/", store), rank=rank,
+    dist.init_process_group(backend=backend, store=dist.PrefixStore(keys.start_prefix(restart), store), rank=rank,
                             world_size=world_size, timeout=timeout,
                             device_id=device if device.type == "cuda" else None)
-    return dist.PrefixStore("job/", dist.distributed_c10d._get_default_store())
+    return dist.PrefixStore(keys.JOB_PREFIX, dist.distributed_c10d._get_default_store())
 
 
 @dataclass
@@ -59,7 +61,7 @@ def resolve_data_dir(config: TrainConfig) -> Path:
     sources = [Path(p) for p in config.data.data]
     if len(sources) == 1 and (sources[0] / META_FILE).is_file():
         return sources[0]
-    out = Path(config.out) / "data"
+    out = Path(config.out) / run_files.DATA
     command = shlex.join([
         "draftline", "prepare", "--target", str(config.model.target), "--input", *map(str, sources), "--out", str(out),
         "--max-length", str(config.data.max_length or config.data.token_budget),
@@ -91,12 +93,12 @@ def agree_on_setup(config: TrainConfig, rank: int, store, health: Health) -> Run
             setup = decide_setup(config)
         except BaseException as exc:
             if store is not None:
-                store.set("setup_error", describe_exception(exc))
+                store.set(keys.SETUP_ERROR, describe_exception(exc))
             raise
         if store is not None:
-            store.set("setup", json.dumps(asdict(setup)))
+            store.set(keys.SETUP, json.dumps(asdict(setup)))
         return setup
-    wait_for(lambda: store.check(["setup"]) or store.check(["setup_error"]), health, max_sleep_s=0.05)
-    if not store.check(["setup"]):
-        raise RunAborted(f"rank 0 could not set the run up: {store.get('setup_error').decode()}")
-    return RunSetup(**json.loads(store.get("setup")))
+    wait_for(lambda: store.check([keys.SETUP]) or store.check([keys.SETUP_ERROR]), health, max_sleep_s=0.05)
+    if not store.check([keys.SETUP]):
+        raise RunAborted(f"rank 0 could not set the run up: {store.get(keys.SETUP_ERROR).decode()}")
+    return RunSetup(**json.loads(store.get(keys.SETUP)))

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from draftline import run_files
 from draftline.monitor.dashboard import Dashboard
 from draftline.sizing.flops import PeakFlops, mfu
 from draftline.monitor.gpu import GpuStats
@@ -140,7 +141,7 @@ class LineMonitor:
             self.lr = record.lr
             self.grad_norm = record.grad_norm
         if self.trace_dir is not None:
-            write_trace(self.trace_dir, "steps.jsonl", {"step": record.step, "loss": record.loss,
+            write_trace(self.trace_dir, run_files.TRACE_STEPS, {"step": record.step, "loss": record.loss,
                                                         "weight": float(record.metrics[WEIGHT_SUM]), "lr": record.lr})
 
     def on_measurement(self, summary: dict) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from draftline import run_files
 from draftline.checkpoint.export import save_drafter
 from draftline.checkpoint.manager import CheckpointManager, CheckpointPolicy, resume
 from draftline.checkpoint.writer import check_disk_space
@@ -38,6 +39,7 @@ from draftline.distributed.signals import StopSignals
 from draftline.pipeline.spec import RunSpec
 from draftline.pipeline.target_worker import TargetWorker, run_target_thread
 from draftline.pipeline.transport import open_transport
+from draftline.distributed import keys
 
 
 class Line:
@@ -124,7 +126,7 @@ class Line:
         if status == loop.FINISHED:
             weights = self.group.full_weights(worker.drafter)
             if first:
-                final = save_drafter(worker.drafter, spec.run_dir / "final", dtype=torch.bfloat16, weights=weights)
+                final = save_drafter(worker.drafter, spec.run_dir / run_files.FINAL, dtype=torch.bfloat16, weights=weights)
                 early = (f" of {spec.total_steps} (--max-minutes {spec.config.optim.max_minutes:g} reached)"
                          if worker.step < spec.total_steps else "")
                 print(f"draftline: finished at step {worker.step}{early}; drafter in {final}")
@@ -144,7 +146,7 @@ class Line:
                              "reason": "signal" if status == loop.STOPPED
                              else "time limit" if worker.step < self.spec.total_steps else ""})
             if self.store is not None:
-                self.store.set("run_over", status)
+                self.store.set(keys.RUN_OVER, status)
         self.health.report_done()
 
     def join_threads(self, timeout_s: float = 30.0) -> None:
@@ -219,7 +221,7 @@ class Line:
             # Colocated, every rank has a hidden-state queue of its own; the status sums the queues' batches.
             q_pre_capacity=c.topology.q_pre, interval_s=c.monitor.interval_s,
             q_hs_capacity=c.topology.q_hs * (spec.role.num_targets if spec.colocated else 1),
-            progress=self.worker.progress, trace_dir=spec.run_dir / "trace" if c.engine.trace else None,
+            progress=self.worker.progress, trace_dir=spec.run_dir / run_files.TRACE if c.engine.trace else None,
             cpu_cores=usable_cores() if spec.device.type == "cpu" else None,
         )
         rundir.log_start(c, rundir.StartDecision(spec.mode, Path(spec.checkpoint) if spec.checkpoint else None),
@@ -241,10 +243,10 @@ class Line:
             self.health.stats.update("gpu", {**device_stats(self.spec.device).to_record(), "rank": self.spec.env.rank,
                                              "role": "target"})
             if self.signals.requested and self.store is not None:  # a target's signal stops the drafters
-                self.store.set("stop_requested", "1")
+                self.store.set(keys.STOP_REQUESTED, "1")
 
     def _trace_batch(self, worker: DrafterWorker, delivery) -> None:
-        write_trace(self.spec.run_dir / "trace", f"drafter-{self.spec.env.rank}.jsonl", {
+        write_trace(self.spec.run_dir / run_files.TRACE, run_files.drafter_trace(self.spec.env.rank), {
             "step": delivery.seq // self.spec.batches_per_step, "seq": delivery.seq, "epoch": delivery.batch.epoch,
             "sample_ids": delivery.batch.sample_ids.tolist(),
             # The sum of this rank's weights (its shard, when sharded) as the batch began: replicated drafters'
@@ -254,16 +256,16 @@ class Line:
     def _stop_requested(self) -> bool:
         if self.signals.requested:
             return True
-        return self.store is not None and self.store.check(["stop_requested"])
+        return self.store is not None and self.store.check([keys.STOP_REQUESTED])
 
     # ------------------------------------------------------------------ for operators
     def _write_rank_info(self) -> None:
         """RUN_DIR/ranks/rank-N.json: which process is which (role, host, GPU, pid), for operators."""
-        folder = self.spec.run_dir / "ranks"
+        folder = self.spec.run_dir / run_files.RANKS
         try:
             folder.mkdir(parents=True, exist_ok=True)
             info = {**self.health.info.__dict__, "role_index": self.spec.role.index}
-            (folder / f"rank-{self.spec.env.rank}.json").write_text(json.dumps(info) + "\n")
+            (folder / run_files.rank_file(self.spec.env.rank)).write_text(json.dumps(info) + "\n")
         except OSError:
             pass  # the run directory may live on another node only
 

@@ -30,6 +30,7 @@ from draftline.distributed.health import Health, RunAborted
 from draftline.distributed.memory import OutOfMemoryContext, out_of_memory_context
 from draftline.distributed.roles import COLOCATED, Role, producer_of
 from draftline.distributed.waits import queue_get, queue_put, wait_for, wait_work
+from draftline.distributed import keys
 
 RECEIVE_PREFETCH = 2
 """Batches a drafter claims ahead of the one it trains (their features are received meanwhile)."""
@@ -115,11 +116,11 @@ class StoreClaims:
         seq = next(self._seqs, None)
         if seq is None:
             return None
-        self.store.set(f"claim/{seq}", str(drafter_rank))
+        self.store.set(keys.claim_key(seq), str(drafter_rank))
         return seq
 
     def claimant(self, seq: int) -> int | None:
-        key = f"claim/{seq}"
+        key = keys.claim_key(seq)
         if not self.store.check([key]):
             return None
         rank = int(self.store.get(key))

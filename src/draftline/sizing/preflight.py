@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+from draftline import run_files
 from draftline.distributed.memory import MemoryLimit, find_out_of_memory, gib, memory_limit
 from draftline.distributed.shard import local_tensor
 from draftline.errors import DraftlineError
@@ -350,7 +351,7 @@ def _record(spec, role: str, result: dict) -> None:
     if not spec.config.out:
         return
     run_dir, rank = spec.run_dir, spec.env.rank
-    path = Path(run_dir) / "preflight" / f"rank-{rank}.json"
+    path = Path(run_dir) / run_files.PREFLIGHT / run_files.rank_file(rank)
     result = {**result, "time": time.time(), "environment": environment()}
     try:
         previous = json.loads(path.read_text())
