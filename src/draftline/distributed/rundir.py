@@ -192,17 +192,25 @@ def judge_owner(owner: LockOwner, age_s: float, me: LockOwner) -> tuple[str, str
 
 
 def read_lock(path: Path) -> tuple[LockOwner | None, float]:
-    """The lock's owner (None if it cannot be read) and the seconds since it was last refreshed."""
+    """The lock's owner (None if it cannot be read) and the seconds since it was last refreshed.
+
+    Both from one open file: a takeover replaces the lock between two looks at its path, and the new
+    owner must not be judged by the old file's age."""
     try:
-        age = time.time() - path.stat().st_mtime
-        return LockOwner(**json.loads(path.read_text())), max(0.0, age)
+        with path.open("rb") as f:
+            age = max(0.0, time.time() - os.fstat(f.fileno()).st_mtime)
+            text = f.read()
     except FileNotFoundError:
         raise
-    except (OSError, ValueError, TypeError):
+    except OSError:
         try:
             return None, max(0.0, time.time() - path.stat().st_mtime)
         except OSError:
             return None, 0.0
+    try:
+        return LockOwner(**json.loads(text)), age
+    except (ValueError, TypeError):
+        return None, age
 
 
 def _lock_text(owner: LockOwner) -> str:
