@@ -88,8 +88,7 @@ def _overlaps(health: Health) -> bool:
 
 
 def test_colocated_threads_take_turns_for_every_pass():
-    shared = _health(None)
-    shared.shared_process = True
+    shared = _health(None, shared_process=True)
     assert not _overlaps(shared)
     separate = _health(None)  # one worker thread per process: only the first pass is guarded
     assert _overlaps(separate)

@@ -40,7 +40,7 @@ import random
 import shutil
 import sys
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME, drafter_config_dict, load_drafter
 from draftline.checkpoint.writer import (
-    DRAFTER_DIR, MANIFEST, STATE_DIR, TRAINER_JSON, TRAINER_STATE, WRITER, _Pending, checkpoint_bytes, checkpoint_dir,
+    DRAFTER_DIR, MANIFEST, STATE_DIR, TRAINER_JSON, TRAINER_STATE, WRITER, PendingWrite, checkpoint_bytes, checkpoint_dir,
     sha256,
 )
 from draftline.errors import DraftlineError
@@ -175,19 +175,17 @@ def save_checkpoint(
     upload = dcp.async_save(staged, checkpoint_id=str(tmp / STATE_DIR),
                             process_group=group.checkpoint_group if distributed else None, no_dist=not distributed)
     weights = group.full_weights(drafter)  # gathered: every drafter takes part
-    pending = _Pending(state.step, target, tmp, upload, group.is_first, keep=keep)
+    pending = PendingWrite(state.step, target, tmp, upload, group.is_first, keep=keep)
     if group.is_first:
-        params = sum(t.numel() for t in weights.values())
-        state = copy.deepcopy(state)
-        state.num_drafters = group.num_drafters
-        pending.weights = {name: t.contiguous() for name, t in weights.items()}
-        pending.drafter_config = drafter_config_dict(_unwrapped(drafter).config, torch.float32)
-        pending.payload = {"format": FORMAT, "step": state.step, "next_seq": state.next_seq,
-                           "in_flight": list(state.in_flight), "counters": copy.deepcopy(state.counters),
-                           "config": copy.deepcopy(state.config), "scheduler": _to_cpu(scheduler.state_dict()),
-                           "rng": rng_state()}
-        pending.summary = state.summary()
-        pending.size_hint = checkpoint_bytes(params)
+        state = replace(state, num_drafters=group.num_drafters)
+        pending = replace(
+            pending, weights={name: t.contiguous() for name, t in weights.items()},
+            drafter_config=drafter_config_dict(_unwrapped(drafter).config, torch.float32),
+            payload={"format": FORMAT, "step": state.step, "next_seq": state.next_seq,
+                     "in_flight": list(state.in_flight), "counters": copy.deepcopy(state.counters),
+                     "config": copy.deepcopy(state.config), "scheduler": _to_cpu(scheduler.state_dict()),
+                     "rng": rng_state()},
+            summary=state.summary(), size_hint=checkpoint_bytes(sum(t.numel() for t in weights.values())))
     path = WRITER.start(pending)
     if wait or sys.exc_info()[0] is not None:
         WRITER.wait()

@@ -41,8 +41,8 @@ def checkpoint_dir(run_dir: Path, step: int) -> Path:
 
 
 @dataclass
-class _Pending:
-    """A save in flight on this rank."""
+class PendingWrite:
+    """A save in flight on this rank: what the training thread staged, handed over whole."""
 
     step: int
     target: Path
@@ -82,7 +82,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _finish(pending: _Pending) -> Path:
+def _finish(pending: PendingWrite) -> Path:
     """The first drafter's part once DCP's write is done everywhere: the rest of the files, manifest, rename."""
     pending.upload.result()
     if not pending.first:
@@ -125,10 +125,10 @@ class _Writer:
     def __init__(self):
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
-        self.pending: _Pending | None = None
+        self.pending: PendingWrite | None = None
         self.previous: Path | None = None  # the last checkpoint written whole
 
-    def start(self, pending: _Pending) -> Path:
+    def start(self, pending: PendingWrite) -> Path:
         self.pending = pending
 
         def work():
@@ -182,7 +182,7 @@ class CheckpointWriteError(RuntimeError):
     handler looks for, not an error of the user's (that is a ``MachineError``: a full disk, a permission)."""
 
 
-def _write_error(exc: BaseException, pending: _Pending | None, previous: Path | None
+def _write_error(exc: BaseException, pending: PendingWrite | None, previous: Path | None
                  ) -> MachineError | CheckpointWriteError:
     target = pending.target if pending else None
     kept = (f"the previous checkpoint {previous} is whole and --resume continues from it" if previous else

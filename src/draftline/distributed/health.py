@@ -88,15 +88,15 @@ class Health:
     """This rank's view of the run's health. Thread-safe; cheap to ``check()``."""
 
     def __init__(self, info: RankInfo, store=None, world_size: int = 1, *, timeout_s: float = 30.0, beat_s: float = 2.0,
-                 startup_timeout_s: float = 900.0):
+                 startup_timeout_s: float = 900.0, shared_process: bool = False):
         self.info = info
         self.store = store
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.startup_timeout_s = max(timeout_s, startup_timeout_s)
         self.warm = False
-        self.shared_process = False
-        """Set when a target and a drafter run as threads of this process (colocated)."""
+        self.shared_process = shared_process
+        """A target and a drafter run as threads of this process (colocated)."""
         self._warm_threads: set[int] = set()
         self.beat_s = beat_s
         self.poll_s = min(0.25, beat_s)

@@ -56,8 +56,8 @@ def run_training(config: TrainConfig) -> int:
     share = None if t.colocated or t.targets is not None or t.drafters is not None else target_share(model, config)
     num_targets, num_drafters = split(env.world_size, t.targets, t.drafters, share, colocated=t.colocated)
     role = assign_roles(env.world_size, num_targets, num_drafters, colocated=t.colocated)[env.rank]
-    health = Health(local_rank_info(env.rank, role.kind, device), store, env.world_size, timeout_s=t.failure_timeout_s)
-    health.shared_process = role.kind == COLOCATED
+    health = Health(local_rank_info(env.rank, role.kind, device), store, env.world_size, timeout_s=t.failure_timeout_s,
+                    shared_process=role.kind == COLOCATED)
     health.start()
     # Every rank creates the drafters' groups (a collective call), before anything can fail.
     group = make_drafter_group(role.drafter_ranks, role.index, device, health, env.world_size,

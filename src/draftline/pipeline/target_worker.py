@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 import torch
@@ -50,7 +50,7 @@ class Prefetcher:
             for seq in seqs:
                 batch = load(seq)
                 if torch.cuda.is_available():
-                    batch.input_ids = batch.input_ids.pin_memory()
+                    batch = replace(batch, input_ids=batch.input_ids.pin_memory())
                 while True:
                     if self.health.aborted:
                         return
