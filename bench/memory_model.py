@@ -13,7 +13,7 @@ colocated beside it, as ``draftline train`` does on one GPU, under a memory cap
 - drafter step: the peak of a training step (``--budget`` tokens, passes of ``--rows`` block rows) above
   what was resident: activations, the gradients, the features in hand.
 
-Each beside ``pipeline.plan``'s figure for it, with the error. One table at the end, and ``--json``.
+Each beside ``sizing.memory_estimate``'s figure for it, with the error. One table at the end, and ``--json``.
 """
 
 from __future__ import annotations

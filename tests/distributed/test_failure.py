@@ -9,10 +9,10 @@ import torch
 import torch.distributed as dist
 
 from draftline.checkpoint.writer import CheckpointWriteError
-from draftline.errors import MachineError
 from draftline.distributed.failure import FailureContext, fail
 from draftline.distributed.health import Health, RankInfo
 from draftline.distributed.roles import assign_roles
+from draftline.errors import MachineError
 
 
 class _Log:

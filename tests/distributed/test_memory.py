@@ -16,11 +16,11 @@ import torch
 
 from draftline.checkpoint.state import latest_checkpoint
 from draftline.cli import main
+from draftline.distributed import memory
+from draftline.distributed.memory import OutOfMemoryContext, describe_out_of_memory, memory_limit
 from draftline.model.target import TargetFeatures
 from draftline.objective.loss import DFlashObjective
-from draftline.distributed import memory
 from draftline.pipeline.drafter_worker import DrafterWorker
-from draftline.distributed.memory import OutOfMemoryContext, describe_out_of_memory, memory_limit
 from line_helpers import base_args, read_jsonl, write_dataset
 
 GIB = 2**30

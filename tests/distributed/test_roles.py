@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from draftline.errors import DraftlineError
 from draftline.distributed.roles import assign_roles, producer_of, split
+from draftline.errors import DraftlineError
 
 
 def test_one_process_is_colocated():

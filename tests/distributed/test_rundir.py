@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from draftline.errors import DraftlineError
 from draftline import run_files
 from draftline.distributed import rundir
+from draftline.errors import DraftlineError
 from line_helpers import base_args, read_jsonl, run, start, wait_until
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from draftline.commands.prepare import add_arguments
 from draftline.config import DataConfig, ModelConfig, TrainConfig
+from draftline.distributed.setup import decide_setup, resolve_data_dir
 from draftline.errors import DraftlineError
 from draftline.pipeline.spec import resumed_batches_per_step
-from draftline.distributed.setup import decide_setup, resolve_data_dir
 
 
 def _config(tmp_path, data) -> TrainConfig:

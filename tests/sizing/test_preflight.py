@@ -14,16 +14,16 @@ import pytest
 import torch
 
 from draftline.config import TrainConfig
+from draftline.distributed.health import Health, local_rank_info
+from draftline.distributed.memory import MemoryLimit
+from draftline.distributed.roles import DRAFTER, Role
 from draftline.errors import DraftlineError
 from draftline.model.config import build_drafter_config
 from draftline.model.target import TargetFeatures, load_target_config
 from draftline.objective import blocks as blocks_module
-from draftline.sizing import preflight
 from draftline.pipeline.build import build_drafter_worker
-from draftline.distributed.health import Health, local_rank_info
-from draftline.distributed.roles import DRAFTER, Role
 from draftline.pipeline.spec import ModelSpec, RunSpec
-from draftline.distributed.memory import MemoryLimit
+from draftline.sizing import preflight
 from draftline.sizing.peak_fit import LinearPeak
 from draftline.sizing.preflight import changes
 

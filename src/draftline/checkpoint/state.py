@@ -48,13 +48,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from draftline import run_files
 from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME, drafter_config_dict, load_drafter
 from draftline.checkpoint.writer import (
     DRAFTER_DIR, MANIFEST, STATE_DIR, TRAINER_JSON, TRAINER_STATE, WRITER, PendingWrite, checkpoint_bytes, checkpoint_dir,
     sha256,
 )
 from draftline.errors import DraftlineError
-from draftline import run_files
 
 FORMAT = 2
 """1: optimizer state inside trainer.pt (one drafter); 2: ``state/`` written by torch.distributed.checkpoint."""

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from draftline import run_files
 from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME
 from draftline.errors import DraftlineError, MachineError
-from draftline import run_files
 
 DRAFTER_DIR = "drafter"
 TRAINER_STATE = "trainer.pt"

@@ -21,10 +21,9 @@ import torch
 from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
 from draftline.model.config import text_config
-from draftline.sizing.flops import format_flops
-from draftline.sizing.peak import known_gpus
 from draftline.pipeline.spec import ModelSpec
 from draftline.sizing.memory_estimate import MemoryInputs
+from draftline.sizing.peak import format_flops, known_gpus
 from draftline.sizing.plan import (
     ANCHOR_SWEEP, MEASURED_MFU, estimate_rates, hardware_for, measure_rates, passes_per_sample, per_sample_flops,
     plan_layouts, target_mfu, with_anchors,

@@ -22,11 +22,11 @@ from typing import Callable
 from draftline import run_files
 from draftline.checkpoint.state import latest_checkpoint
 from draftline.checkpoint.writer import settle_checkpoint_write
-from draftline.errors import DraftlineError, MachineError
+from draftline.distributed import keys
 from draftline.distributed.health import Health, RunAborted, describe_exception
 from draftline.distributed.memory import find_out_of_memory
 from draftline.distributed.roles import Role
-from draftline.distributed import keys
+from draftline.errors import DraftlineError, MachineError
 
 
 @dataclass

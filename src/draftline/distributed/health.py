@@ -34,9 +34,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from draftline.distributed import keys
 from draftline.distributed.compile_lock import COMPILE_LOCK
 from draftline.distributed.stats import SharedStats
-from draftline.distributed import keys
 
 
 class RunAborted(RuntimeError):

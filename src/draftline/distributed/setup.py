@@ -20,11 +20,10 @@ from draftline import run_files
 from draftline.checkpoint.state import read_trainer_state
 from draftline.config import TrainConfig
 from draftline.data.dataset import META_FILE
-from draftline.errors import DraftlineError
-from draftline.distributed import rundir
+from draftline.distributed import keys, rundir
 from draftline.distributed.health import Health, RunAborted, describe_exception
 from draftline.distributed.waits import wait_for
-from draftline.distributed import keys
+from draftline.errors import DraftlineError
 
 
 def join_job(backend: str, device, restart: int, timeout: timedelta) -> dist.Store:

@@ -15,13 +15,13 @@ import time
 import torch
 
 from draftline import run_files
-from draftline.monitor.dashboard import Dashboard
-from draftline.sizing.flops import PeakFlops, mfu
-from draftline.monitor.gpu import GpuStats
-from draftline.monitor.status import LineStatus, RateMeter, eta_seconds
-from draftline.monitor.gpu import device_stats
-from draftline.objective.metrics import WEIGHT_SUM, metrics_size, summarize
 from draftline.distributed.health import Health
+from draftline.monitor.dashboard import Dashboard
+from draftline.monitor.gpu import GpuStats
+from draftline.monitor.gpu import device_stats
+from draftline.monitor.status import LineStatus, RateMeter, eta_seconds
+from draftline.objective.metrics import WEIGHT_SUM, metrics_size, summarize
+from draftline.sizing.peak import PeakFlops, mfu
 
 
 def publish_drafter(health: Health, worker) -> None:

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import torch
 
+from draftline.distributed.health import Health
+from draftline.distributed.roles import drafter_seqs
+from draftline.distributed.shard import DrafterGroup
 from draftline.errors import DraftlineError
 from draftline.evaluate.during_training import InTrainingEvaluation
 from draftline.model.drafter import DFlashDrafter, checkpoint_layers
 from draftline.model.target import TargetFeatures, load_embedding_and_head
 from draftline.objective.loss import DFlashObjective, ObjectiveSettings
 from draftline.pipeline.drafter_worker import DrafterWorker
-from draftline.distributed.health import Health
 from draftline.pipeline.optim import build_optimizer, build_scheduler
 from draftline.pipeline.progress import Progress
-from draftline.distributed.roles import drafter_seqs
-from draftline.distributed.shard import DrafterGroup
 from draftline.pipeline.spec import INIT_DRAFTER, INIT_TARGET, RunSpec
 from draftline.pipeline.target_worker import Prefetcher, TargetWorker
 

@@ -26,16 +26,17 @@ from dataclasses import dataclass
 
 import torch
 
-from draftline.errors import DraftlineError
-from draftline.sizing.flops import DrafterShape, drafter_flops_of_blocks
-from draftline.objective.loss import DFlashObjective
-from draftline.objective.metrics import LOSS_SUM, WEIGHT_SUM, metrics_size
 from draftline.distributed.health import Health
 from draftline.distributed.memory import OutOfMemoryContext, gib, out_of_memory_context
+from draftline.distributed.shard import DrafterGroup
+from draftline.errors import DraftlineError
+from draftline.objective.loss import DFlashObjective
+from draftline.objective.metrics import LOSS_SUM, WEIGHT_SUM, metrics_size
 from draftline.pipeline.optim import clip_factor, grad_norm, grad_sq_norm, step_with_factor
 from draftline.pipeline.progress import Progress
-from draftline.distributed.shard import DrafterGroup
 from draftline.pipeline.transport import Delivery
+from draftline.sizing.flops import drafter_flops_of_blocks
+from draftline.sizing.shapes import DrafterShape
 
 # Entries appended to the metrics vector for the step's all-reduce.
 TOKENS, SAMPLES, BATCHES, FLOPS, STOP, SAVE, GRAD_SQ, TIME_UP, CLOCK = range(9)

@@ -21,25 +21,24 @@ from draftline.checkpoint.export import save_drafter
 from draftline.checkpoint.manager import CheckpointManager, CheckpointPolicy, resume
 from draftline.checkpoint.writer import check_disk_space
 from draftline.cores import usable_cores
-from draftline.model.target import TargetFeatures
-from draftline.monitor.dashboard import Dashboard
-from draftline.sizing.flops import resolve_peak
-from draftline.monitor.gpu import device_stats
-from draftline.monitor.loggers import NullLogger, open_loggers
-from draftline.pipeline import loop
-from draftline.distributed import rundir
-from draftline.pipeline.build import build_drafter_worker, build_evaluation, build_target, build_target_worker
-from draftline.pipeline.drafter_worker import DrafterWorker
-from draftline.evaluate.during_training import InTrainingEvaluation
+from draftline.distributed import keys, rundir
 from draftline.distributed.failure import FailureContext
 from draftline.distributed.health import Health
-from draftline.monitor.live import DrafterPublisher, LineMonitor, write_trace
 from draftline.distributed.shard import DrafterGroup, local_tensor
 from draftline.distributed.signals import StopSignals
+from draftline.evaluate.during_training import InTrainingEvaluation
+from draftline.model.target import TargetFeatures
+from draftline.monitor.dashboard import Dashboard
+from draftline.monitor.gpu import device_stats
+from draftline.monitor.live import DrafterPublisher, LineMonitor, write_trace
+from draftline.monitor.loggers import NullLogger, open_loggers
+from draftline.pipeline import loop
+from draftline.pipeline.build import build_drafter_worker, build_evaluation, build_target, build_target_worker
+from draftline.pipeline.drafter_worker import DrafterWorker
 from draftline.pipeline.spec import RunSpec
 from draftline.pipeline.target_worker import TargetWorker, run_target_thread
 from draftline.pipeline.transport import open_transport
-from draftline.distributed import keys
+from draftline.sizing.peak import resolve_peak
 
 
 class Line:

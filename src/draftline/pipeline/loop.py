@@ -26,8 +26,8 @@ import time
 from typing import Callable
 
 from draftline.checkpoint.manager import CheckpointManager
-from draftline.pipeline.drafter_worker import DrafterWorker, StepRecord
 from draftline.evaluate.during_training import InTrainingEvaluation
+from draftline.pipeline.drafter_worker import DrafterWorker, StepRecord
 from draftline.pipeline.spec import RunSpec
 from draftline.pipeline.transport import Delivery, FeatureReceiver
 

@@ -25,18 +25,18 @@ import torch.distributed as dist
 
 from draftline.checkpoint.writer import wait_for_checkpoint
 from draftline.config import TrainConfig
-from draftline.errors import DraftlineError
-from draftline.monitor.loggers import NullLogger
 from draftline.distributed import rundir
 from draftline.distributed.failure import FailureContext, fail
 from draftline.distributed.health import Health, local_rank_info
-from draftline.pipeline.line import Line
-from draftline.sizing.plan import target_share
 from draftline.distributed.roles import COLOCATED, assign_roles, split
 from draftline.distributed.setup import agree_on_setup, join_job
 from draftline.distributed.shard import make_drafter_group, replicates
 from draftline.distributed.signals import StopSignals
+from draftline.errors import DraftlineError
+from draftline.monitor.loggers import NullLogger
+from draftline.pipeline.line import Line
 from draftline.pipeline.spec import DistEnv, ModelSpec, pick_device, resolve_run
+from draftline.sizing.plan import target_share
 
 
 def run_training(config: TrainConfig) -> int:

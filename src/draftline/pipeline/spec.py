@@ -26,12 +26,12 @@ from transformers import PretrainedConfig, Qwen3Config
 from draftline.config import TrainConfig
 from draftline.data.batcher import BatchSchedule, TokenBudgetBatcher
 from draftline.data.dataset import TokenDataset
+from draftline.distributed.roles import COLOCATED, Role
 from draftline.errors import DraftlineError
 from draftline.model.config import (
     DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, build_drafter_config, refuse_shape_flags, text_config,
 )
 from draftline.sizing.shapes import DrafterShape, TargetShape
-from draftline.distributed.roles import COLOCATED, Role
 
 if TYPE_CHECKING:
     from draftline.distributed.setup import RunSetup

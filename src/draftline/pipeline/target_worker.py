@@ -17,11 +17,12 @@ from typing import Callable, Iterable
 import torch
 
 from draftline.data.batch import PackedBatch
-from draftline.sizing.flops import TargetShape, target_flops
 from draftline.distributed.health import Health, RunAborted
 from draftline.distributed.memory import OutOfMemoryContext, out_of_memory_context
 from draftline.distributed.waits import queue_get
 from draftline.pipeline.transport import FeatureSender
+from draftline.sizing.flops import target_flops
+from draftline.sizing.shapes import TargetShape
 
 
 @dataclass

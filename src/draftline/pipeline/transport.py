@@ -26,11 +26,11 @@ import torch
 import torch.distributed as dist
 
 from draftline.data.batch import PackedBatch
+from draftline.distributed import keys
 from draftline.distributed.health import Health, RunAborted
 from draftline.distributed.memory import OutOfMemoryContext, out_of_memory_context
 from draftline.distributed.roles import COLOCATED, Role, producer_of
 from draftline.distributed.waits import queue_get, queue_put, wait_for, wait_work
-from draftline.distributed import keys
 
 RECEIVE_PREFETCH = 2
 """Batches a drafter claims ahead of the one it trains (their features are received meanwhile)."""

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import torch
 
-from draftline.sizing.peak import (  # noqa: F401  (the line imports these from here)
+from draftline.sizing.peak import (  # noqa: F401  (bench/ imports these from here)
     GpuSpec,
     PeakFlops,
     format_flops,
