@@ -15,7 +15,8 @@ import time
 import torch
 from transformers import Qwen3Config
 
-from draftline.checkpoint.state import TrainerState, save_checkpoint, wait_for_checkpoint
+from draftline.checkpoint.state import TrainerState, save_checkpoint
+from draftline.checkpoint.writer import wait_for_checkpoint
 from draftline.config import OptimConfig
 from draftline.model.config import build_drafter_config
 from draftline.model.drafter import DFlashDrafter

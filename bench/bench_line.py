@@ -61,7 +61,7 @@ from draftline.model.config import build_drafter_config
 from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import TargetFeatures
 from draftline.monitor.clocks import ClockWatch
-from draftline.monitor.flops import TargetShape, resolve_peak, target_flops
+from draftline.sizing.flops import TargetShape, resolve_peak, target_flops
 from draftline.pipeline.transport import Delivery
 
 
@@ -323,7 +323,7 @@ def run_line(args, device, rows, peak, spec_flops: float):
         record = {"argv": argv[1:], "exit": code, "seconds": time.perf_counter() - start, "refusal": refusal,
                   "allocated_after_gib": torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None}
         preflight_file = out / "preflight" / "rank-0.json"
-        if preflight_file.is_file():  # what preflight measured and allowed, per role (pipeline/preflight.py)
+        if preflight_file.is_file():  # what preflight measured and allowed, per role (sizing/preflight.py)
             record["preflight"] = {
                 role: {"peak_gib": round(v["peak_bytes"] / 2**30, 1), "limit_gib": round(
                     (min(v["total"] * v["fraction"], v["free"] + v["reserved"]) - v["headroom"]) / 2**30, 1)}

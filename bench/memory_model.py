@@ -31,8 +31,8 @@ from workloads import HYBRID, lognormal_lengths, make_worker, packed_batch, rand
 
 from draftline.model.config import build_drafter_config  # noqa: E402
 from draftline.model.target import TargetFeatures  # noqa: E402
-from draftline.monitor.flops import DrafterShape, TargetShape  # noqa: E402
-from draftline.pipeline.plan import drafter_memory, target_memory  # noqa: E402
+from draftline.sizing.flops import DrafterShape, TargetShape  # noqa: E402
+from draftline.sizing.plan import drafter_memory, target_memory  # noqa: E402
 from draftline.pipeline.transport import Delivery  # noqa: E402
 
 GIB = 2**30

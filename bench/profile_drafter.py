@@ -41,7 +41,7 @@ from workloads import lognormal_lengths, make_worker, packed_batch, target_confi
 
 from draftline.model.config import build_drafter_config  # noqa: E402
 from draftline.monitor.clocks import ClockWatch  # noqa: E402
-from draftline.monitor.flops import resolve_peak  # noqa: E402
+from draftline.sizing.flops import resolve_peak  # noqa: E402
 from draftline.pipeline.transport import Delivery  # noqa: E402
 
 GIB = 2**30

@@ -30,7 +30,7 @@ peer script): every arm gets the peer's budget and settings, the flags of ``BUDG
 The judge: the official ``dflash`` package's ``DFlashDraftModel.from_pretrained`` on each run's
 exported drafter and its ``dflash_generate`` (greedy, block 8) on the held-out prompts with the
 target in fp32 on the CPU; tau = mean committed tokens per target step over all prompts. Training
-compute: the project's FLOP counter (``monitor/flops.py``) over the run's batches and the anchors
+compute: the project's FLOP counter (``sizing/flops.py``) over the run's batches and the anchors
 the run trains (target forward + drafter forward/backward), and the wall time of the training
 command (shared CPU: compare within one table only).
 """
@@ -185,8 +185,8 @@ def run_flops(corpus: dict, train: dict) -> dict:
     import argparse as ap
 
     from draftline.commands.train import add_arguments, config_from_args
-    from draftline.monitor.shapes import DrafterShape, TargetShape
-    from draftline.monitor.flops import drafter_flops_of_blocks, target_flops
+    from draftline.sizing.shapes import DrafterShape, TargetShape
+    from draftline.sizing.flops import drafter_flops_of_blocks, target_flops
     from draftline.objective.anchors import sample_anchors
     from draftline.objective.blocks import build_blocks
     from draftline.pipeline.spec import ModelSpec, plan_data

@@ -69,7 +69,7 @@ def test_final_acceptance_settings_flags_defaults_and_checks():
 
     from draftline.config import validate
     from draftline.errors import DraftlineError
-    from draftline.pipeline.evaluation import InTrainingEvaluation
+    from draftline.pipeline.build import build_evaluation
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -83,13 +83,13 @@ def test_final_acceptance_settings_flags_defaults_and_checks():
     from transformers import Qwen3Config
 
     from draftline.model.config import build_drafter_config
-    from draftline.pipeline.shard import DrafterGroup
+    from draftline.distributed.shard import DrafterGroup
     from draftline.pipeline.spec import ModelSpec, RunSpec
 
     target = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=16)
     model = ModelSpec.from_configs(target, build_drafter_config(target, num_hidden_layers=1, block_size=4))
-    evaluation = InTrainingEvaluation(RunSpec.standalone(config, model, torch.device("cpu")), DrafterGroup(), None)
+    evaluation = build_evaluation(RunSpec.standalone(config, model, torch.device("cpu")), DrafterGroup(), None)
     assert evaluation.settings(final=False) == (4, 32) and evaluation.settings(final=True) == (24, 64)
     validate(config)
     config.monitor.eval_final_num_prompts = 0
@@ -121,7 +121,7 @@ def test_drafter_state_flag_and_its_values():
 
     from draftline.config import validate
     from draftline.errors import DraftlineError
-    from draftline.pipeline.shard import replicates
+    from draftline.distributed.shard import replicates
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -36,7 +36,7 @@ from draftline.model.config import build_drafter_config
 from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import load_target_config
 from draftline.monitor.loggers import JsonlLogger, TensorBoardLogger
-from draftline.pipeline.monitor_loop import write_trace
+from draftline.monitor.live import write_trace
 
 FULL = r"the disk is full \(No space left on device\): [\d.]+ [MG]iB free on "
 

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from draftline.demo import pipeline
-from draftline.demo.sizing import FEWEST_STEPS, TRAIN_PER_STEP, tail_seconds
+from draftline.sizing.demo import FEWEST_STEPS, TRAIN_PER_STEP, tail_seconds
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -151,8 +151,8 @@ def test_a_resume_is_refused_when_the_run_resolves_another_drafter_than_the_chec
     from draftline.checkpoint.export import drafter_config_dict
     from draftline.model.config import build_drafter_config
     from draftline.model.target import load_target_config
-    from draftline.pipeline.roles import COLOCATED, Role
-    from draftline.pipeline.setup import RunSetup
+    from draftline.distributed.roles import COLOCATED, Role
+    from draftline.distributed.setup import RunSetup
     from draftline.pipeline.spec import DistEnv, resolve_run
 
     checkpoint = tmp_path / "checkpoints" / "step-00000003"

@@ -23,13 +23,14 @@ from draftline.config import TrainConfig
 from draftline.config_flags import add_field_argument
 from draftline.errors import DraftlineError
 from draftline.model.config import text_config
-from draftline.monitor.flops import format_flops
-from draftline.monitor.peak import known_gpus
-from draftline.pipeline.plan import (
-    ANCHOR_SWEEP, MEASURED_MFU, MemoryInputs, estimate_rates, hardware_for, measure_rates, passes_per_sample,
-    per_sample_flops, plan_layouts, reference_lengths, target_mfu, with_anchors,
-)
 from draftline.pipeline.spec import ModelSpec
+from draftline.sizing.memory_estimate import MemoryInputs
+from draftline.sizing.peak import format_flops, known_gpus
+from draftline.sizing.plan import (
+    ANCHOR_SWEEP, MEASURED_MFU, estimate_rates, hardware_for, measure_rates, passes_per_sample, per_sample_flops,
+    plan_layouts, target_mfu, with_anchors,
+)
+from draftline.sizing.workload import MEAN_LENGTH, reference_lengths
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what_field = functools.partial(add_field_argument, what)
     what_field("model", "target", required=True, own_help="the target model directory (only its config.json is read)")
     what.add_argument("--data", help="a prepared dataset: its sample lengths (default: log-normal around --mean-length)")
-    what.add_argument("--mean-length", type=int, default=2826, help="mean sample length in tokens without --data")
+    what.add_argument("--mean-length", type=int, default=MEAN_LENGTH, help="mean sample length in tokens without --data")
     what_field("model", "draft_layers", own_help="drafter layers, none = 5 as in train")
     what_field("model", "block_size", own_help="tokens per block, none = 16 as in train")
     what_field("data", "max_anchors",
@@ -84,10 +85,11 @@ def _model(args) -> ModelSpec:
 
 
 def _measured(args, model: ModelSpec, lengths, device):
+    from draftline.distributed.health import Health, local_rank_info
     from draftline.model.target import TargetFeatures
     from draftline.pipeline.build import build_drafter_worker
-    from draftline.pipeline.health import Health, local_rank_info
     from draftline.pipeline.spec import RunSpec
+    from draftline.pipeline.transport import Delivery
 
     config = TrainConfig()
     config.data.max_anchors = args.max_anchors
@@ -96,7 +98,13 @@ def _measured(args, model: ModelSpec, lengths, device):
     target = TargetFeatures(args.target, list(model.layer_ids), device=device, dtype=spec.dtype,
                             config=model.target_file_config)
     worker = build_drafter_worker(spec, Health(local_rank_info(0, "plan", device)), target=target)
-    return measure_rates(target, worker, lengths, args.token_budget, device)
+
+    def drafter_step(batch, features):
+        worker.train_step(Delivery(batch.index, features, batch))
+
+    rates = measure_rates(target, drafter_step, lengths, args.token_budget, device)
+    worker.read_record()  # the last step's, read one step late as in training
+    return rates
 
 
 def _describe_layers(model: ModelSpec) -> str:
@@ -121,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if num_gpus < 1:
         raise DraftlineError("--gpus must be at least 1")
     if args.gpu and args.gpu_memory_gib is None and args.gpu_peak_tflops is None:
-        from draftline.monitor.peak import gpu_spec
+        from draftline.sizing.peak import gpu_spec
 
         if gpu_spec(args.gpu) is None:
             names = ", ".join(f'"{g.name}"' for g in known_gpus())

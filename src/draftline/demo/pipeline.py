@@ -23,8 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftline import run_files
 from draftline.cores import usable_cores
-from draftline.demo.sizing import (
+from draftline.sizing.demo import (
     DemoSize, measure_speed, regeneration_minutes, size_demo, speed_now, step_cap, steps_after_data, tail_seconds,
     training_limit_s, with_conversations,
 )
@@ -265,7 +266,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     if monitor_tau is not None and cfg.final_in_training:
         print(f"  the training monitor's final tau on the same prompts: {monitor_tau:.2f}")
     print(f"  drafter (loads in DFlash, SGLang, vLLM): {run_dir / 'final'}")
-    print(f"  metrics: {run_dir / 'metrics.jsonl'}   TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
+    print(f"  metrics: {run_dir / run_files.METRICS}   TensorBoard: tensorboard --logdir {run_dir / run_files.TENSORBOARD}")
     print(f"  report: {run_dir / 'report' / 'summary.md'} (and the PNG plots beside it)")
     print(f"  evaluation, per prompt: {eval_json}")
     result = {"tau": tau, "monitor_tau": monitor_tau, "minutes": minutes, "run_dir": str(run_dir),
@@ -294,14 +295,14 @@ def _size_for_this_machine(cfg: DemoConfig, deadline: float | None) -> DemoSize 
 
 def _trained(run_dir: Path) -> dict:
     """The steps the training took and what ended it ("time limit" where --max-minutes cut the plan)."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / run_files.METRICS
     ends = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "end"] if path.is_file() else []
     return {"trained_steps": ends[-1]["step"], "ended_by": ends[-1].get("reason") or "last step"} if ends else {}
 
 
 def final_monitor_tau(run_dir: Path) -> float | None:
     """The tau of the training monitor's final measurement (metrics.jsonl), or None."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / run_files.METRICS
     if not path.is_file():
         return None
     finals = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "eval" and r.get("final")]

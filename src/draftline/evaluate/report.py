@@ -13,10 +13,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftline import run_files
 from draftline.evaluate.run_log import RunLog, read_run_log
 from draftline.files import write_atomic
-
-REPORT_DIR = "report"
 
 
 @dataclass
@@ -325,7 +324,7 @@ def write_report(run_dir: str | Path) -> Report:
     """Read RUN_DIR/metrics.jsonl, write RUN_DIR/report/*.png and summary.md."""
     run_dir = Path(run_dir)
     log = read_run_log(run_dir)
-    out = run_dir / REPORT_DIR
+    out = run_dir / run_files.REPORT
     out.mkdir(parents=True, exist_ok=True)
     report = Report(out, out / "summary.md")
     plt = _pyplot()

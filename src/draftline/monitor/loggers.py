@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
+from draftline import run_files
 from draftline.errors import DraftlineError
 from draftline.files import append_line, disk_full_error, open_for_append
 
@@ -220,9 +221,9 @@ def open_loggers(
     try:
         if wandb:  # first: it is the one that can fail on a missing package
             loggers.append(WandbLogger(run_dir, wandb_project))
-        loggers.append(JsonlLogger(run_dir / "metrics.jsonl"))
+        loggers.append(JsonlLogger(run_dir / run_files.METRICS))
         if tensorboard:
-            loggers.append(TensorBoardLogger(run_dir / "tensorboard"))
+            loggers.append(TensorBoardLogger(run_dir / run_files.TENSORBOARD))
     except Exception:
         for logger in loggers:
             logger.close()

@@ -8,7 +8,8 @@ import math
 import torch
 
 from draftline.config import OptimConfig
-from draftline.pipeline.shard import local_tensor
+from draftline.distributed.shard import local_tensor
+from draftline.pipeline.progress import Progress
 
 
 MOMENTS = ("fp32", "bf16")
@@ -212,20 +213,24 @@ class Schedule(torch.optim.lr_scheduler.LambdaLR):
     """Linear warmup, then a cosine down to ``min_lr_ratio`` of the peak, over the run's progress.
 
     The progress is the steps taken over ``total_steps``. Under a time limit (--max-minutes) it is the
-    share of the training's time spent where that is further along (``clock``, which the drafters agree
-    on at each step, ``DrafterWorker.read_record``): a run that the clock ends also ends with its learning
-    rate at the floor, instead of where the cosine stood. Without a time limit ``clock`` stays 0 and the
-    schedule is the steps' alone. ``clock`` is saved with the schedule, so a resume goes on from where the
-    schedule stood.
+    share of the training's time spent where that is further along (``Progress.clock``, which the drafters
+    agree on at each step): a run that the clock ends also ends with its learning rate at the floor, instead
+    of where the cosine stood. Without a time limit the clock stays 0 and the schedule is the steps' alone.
+    The clock is the run's progress (``progress``), read here and saved with it.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int):
+    def __init__(self, optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int,
+                 progress: Progress | None = None):
         self.total_steps = total_steps
         self.warmup_steps = int(round(config.warmup_ratio * total_steps))
         self.min_ratio = config.min_lr_ratio
-        self.clock = 0.0
-        """The share of the time limit spent, 0 to 1 (0: no time limit)."""
+        self.run_progress = progress if progress is not None else Progress()
         super().__init__(optimizer, lambda step: self.factor(step))
+
+    @property
+    def clock(self) -> float:
+        """The share of the time limit spent, 0 to 1 (0: no time limit)."""
+        return self.run_progress.clock
 
     def factor(self, step: int) -> float:
         """Multiplier of the peak learning rate for ``step`` (0-based)."""
@@ -235,17 +240,18 @@ class Schedule(torch.optim.lr_scheduler.LambdaLR):
         """How far along the schedule is at ``step``, 0 to 1."""
         return min(1.0, max(step / max(1, self.total_steps), self.clock))
 
-    # The schedule's shape comes from this run's config (a resume may change the steps), not the checkpoint.
-    _SHAPE = ("total_steps", "warmup_steps", "min_ratio")
+    # The schedule's shape comes from this run's config (a resume may change the steps), not the checkpoint; the
+    # clock is the progress's (a checkpoint written before it was held the clock here: the checkpoint's loader
+    # hands it to the progress).
+    _NOT_SAVED = ("total_steps", "warmup_steps", "min_ratio", "run_progress", "clock")
 
     def state_dict(self) -> dict:
-        return {key: value for key, value in super().state_dict().items() if key not in self._SHAPE}
+        return {key: value for key, value in super().state_dict().items() if key not in self._NOT_SAVED}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        state = {key: value for key, value in state_dict.items() if key not in self._SHAPE}
-        state.setdefault("clock", 0.0)  # a checkpoint from before the clock
-        super().load_state_dict(state)
+        super().load_state_dict({key: value for key, value in state_dict.items() if key not in self._NOT_SAVED})
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> Schedule:
-    return Schedule(optimizer, config, total_steps)
+def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int,
+                    progress: Progress | None = None) -> Schedule:
+    return Schedule(optimizer, config, total_steps, progress)

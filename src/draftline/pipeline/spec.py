@@ -26,16 +26,16 @@ from transformers import PretrainedConfig, Qwen3Config
 from draftline.config import TrainConfig
 from draftline.data.batcher import BatchSchedule, TokenBudgetBatcher
 from draftline.data.dataset import TokenDataset
+from draftline.distributed.roles import COLOCATED, Role
 from draftline.errors import DraftlineError
 from draftline.model.config import (
     DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, build_drafter_config, refuse_changed_drafter, refuse_shape_flags,
     text_config,
 )
-from draftline.monitor.shapes import DrafterShape, TargetShape
-from draftline.pipeline.roles import COLOCATED, Role
+from draftline.sizing.shapes import DrafterShape, TargetShape
 
 if TYPE_CHECKING:
-    from draftline.pipeline.setup import RunSetup
+    from draftline.distributed.setup import RunSetup
 
 INIT_TARGET, INIT_RANDOM, INIT_DRAFTER = "target", "random", "drafter"
 
@@ -279,7 +279,7 @@ class RunSpec:
 
     def drafter_seqs(self, step: int) -> list[int]:
         """The batch numbers of ``step`` this drafter trains (its share; possibly none)."""
-        from draftline.pipeline.roles import drafter_share
+        from draftline.distributed.roles import drafter_share
 
         end = self.data.end_seq if self.data is not None else (step + 1) * self.batches_per_step
         return drafter_share(step, self.batches_per_step, end, self.role.index, self.role.num_drafters)
