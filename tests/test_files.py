@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 
 from draftline.checkpoint import export as export_module
 from draftline.checkpoint.export import save_drafter
-from draftline.checkpoint.state import _write_error
+from draftline.checkpoint.writer import _write_error
 from draftline.cli import main
 from draftline.errors import MachineError
 from draftline.evaluate.report import write_report

@@ -14,12 +14,12 @@ import json
 import types
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from draftline.errors import DraftlineError
 
-if TYPE_CHECKING:
-    from draftline.config import TrainConfig
+TrainConfig = Any
+"""A ``draftline.config.TrainConfig`` (the config module imports this one: named here, not imported)."""
 
 
 def _sections(config: TrainConfig) -> dict[str, Any]:

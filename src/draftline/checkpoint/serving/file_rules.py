@@ -50,13 +50,11 @@ def _sizes_config(data: dict):
     from transformers import Qwen3Config
 
     skip = ("block_size", "num_target_layers", "dflash_config", "layer_types", "sliding_window", "use_sliding_window")
-    config = Qwen3Config.from_dict({k: v for k, v in data.items() if k not in skip})
     ids = dflash_section(data).get("target_layer_ids")
     if not isinstance(ids, list) or not ids:
         raise ValueError("no target_layer_ids: fc's width is unknown")
-    config.block_size = 2
-    config.dflash_config = dflash_section(data)
-    return config
+    return Qwen3Config.from_dict({**{k: v for k, v in data.items() if k not in skip}, "block_size": 2,
+                                  "dflash_config": dflash_section(data)})
 
 
 def _is_vocab_map(name: str) -> bool:
