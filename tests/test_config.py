@@ -41,7 +41,8 @@ def test_loss_gamma_flag_and_its_check():
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o", "--loss-gamma", "2"]))
+    config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o", "--loss", "dflash",
+                                                 "--loss-gamma", "2"]))
     assert config.optim.loss_gamma == 2.0
     config.optim.loss_gamma = 0.0
     with pytest.raises(DraftlineError, match="loss_gamma"):
@@ -56,7 +57,8 @@ def test_distill_flag_and_its_range():
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o", "--distill", "0.5"]))
+    config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o", "--loss", "dflash",
+                                                 "--distill", "0.5"]))
     assert config.optim.distill == 0.5
     validate(config)
     config.optim.distill = 1.5

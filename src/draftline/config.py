@@ -121,10 +121,11 @@ class OptimConfig:
     """Decay of the per-position loss weights exp(-(k-1)/gamma), in block positions. None = the
     paper's for the block size (7 for 16, 5 for 10, 4 for 8, else block_size/2); smaller weights the
     first positions more, which set most of tau."""
-    loss: str = opt("dflash", "--loss", check=OneOf(("dflash", "dpace")))
-    """The per-position loss weights: 'dflash' (exp(-(k-1)/gamma), the paper's) or 'dpace' (D-PACE, arXiv
-    2605.18810: each position's cross-entropy weighted by its detached share of the block's expected
-    acceptance length, from the drafter's own probabilities; no gamma)."""
+    loss: str = opt("dpace", "--loss", check=OneOf(("dpace", "dflash")))
+    """The per-position loss weights: 'dpace' (D-PACE, arXiv 2605.18810: each position's cross-entropy weighted
+    by its detached share of the block's expected acceptance length, from the drafter's own probabilities; no
+    gamma; 1.05-1.08x the acceptance of 'dflash' in docs/benchmarks/2026-12-dpace.md) or 'dflash' (the paper's
+    fixed weights exp(-(k-1)/gamma); needed for --loss-gamma and --distill)."""
     dpace_alpha: float = opt(0.5, "--dpace-alpha", metavar="ALPHA", check=Within(0, 1, low_open=True))
     """D-PACE's smoothing, in (0, 1]: a position's acceptance counts as (1 - alpha) q + alpha, q the drafter's
     probability of its label (0.3-0.7 train stably; 0.5 as published). Only with loss = dpace."""

@@ -159,8 +159,8 @@ def test_soft_labels_through_the_line_match_the_single_process(qwen3_target, lin
     on gloo) and gives the same losses as one process; soft labels change the loss."""
     common = dict(max_steps=4, trace=True)
     single, line, hard = tmp_path / "single", tmp_path / "line", tmp_path / "hard"
-    assert main(["train", *base_args(qwen3_target, line_data, single, distill=0.5, **common)]) == 0
-    result = run([*base_args(qwen3_target, line_data, line, distill=0.5, **common), "--gpus", "2", "--targets", "1"])
+    assert main(["train", *base_args(qwen3_target, line_data, single, distill=0.5, loss="dflash", **common)]) == 0
+    result = run([*base_args(qwen3_target, line_data, line, distill=0.5, loss="dflash", **common), "--gpus", "2", "--targets", "1"])
     assert result.returncode == 0, result.stderr[-4000:]
     assert main(["train", *base_args(qwen3_target, line_data, hard, **common)]) == 0
     reference, losses = step_losses(single), step_losses(line)
