@@ -275,6 +275,8 @@ def test_validate_names_the_key_and_the_flag_of_each_field_it_rejects(section, n
         setattr(getattr(config, section), name, value)
         if (section, name) == ("model", "block_size"):
             config.engine.max_query_rows = max(config.engine.max_query_rows, value)
+        if (section, name) in (("optim", "distill"), ("optim", "loss_gamma")):
+            config.optim.loss = "dflash"  # they weigh the dflash loss; the default D-PACE loss refuses them
         validate(config)
 
 
