@@ -294,7 +294,7 @@ RANGES = {
     "in [0, 1]": {"optim.min_lr_ratio", "optim.distill"},
     "in [0, 1)": {"optim.warmup_ratio"},
     ">= 0": {"optim.grad_clip"},
-    "dflash or dpace": {"optim.loss"},
+    "dpace or dflash": {"optim.loss"},
     "in (0, 1]": {"optim.dpace_alpha"},
     "auto, shard or replicate": {"topology.drafter_state"},
     "auto, cuda or cpu": {"topology.device"},
