@@ -136,3 +136,14 @@ def test_one_rank_per_target_creates_no_target_group():
 
     for role in assign_roles(3, 2, 1):
         assert make_target_group(role, role.rank, torch.device("cpu"), health=None) is None
+
+
+def test_a_target_group_across_two_nodes_is_found():
+    """2 nodes of 8 ranks: groups of 2 or 4 after 4 drafters stay on one node; groups of 3 after 1 drafter put ranks
+    7-9 across the two (train refuses that, naming the ranks)."""
+    from draftline.distributed.roles import groups_across_nodes
+
+    assert groups_across_nodes(assign_roles(16, 12, 4, target_parallel=2)[0], 8) == []
+    assert groups_across_nodes(assign_roles(16, 12, 4, target_parallel=4)[0], 8) == []
+    assert groups_across_nodes(assign_roles(16, 15, 1, target_parallel=3)[0], 8) == [[7, 8, 9]]
+    assert groups_across_nodes(assign_roles(16, 15, 1, target_parallel=3)[0], 16) == []

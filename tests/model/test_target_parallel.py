@@ -152,3 +152,23 @@ def test_a_split_target_without_accelerate_names_the_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
     with pytest.raises(DraftlineError, match="pip install accelerate"):
         target_parallel._require_accelerate()
+
+
+@pytest.mark.gpu
+def test_gpu_a_group_of_two_gpus_gives_the_unsplit_features(targets, tmp_path):
+    """Two GPUs (NCCL), fp32, one packed row with flex attention's block mask: each GPU's features equal the whole
+    target's on one GPU: dense, MoE (heads and experts split), a tied embedding and head with the final hidden state."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    pytest.importorskip("accelerate")
+    cases = {name: case for name, case in _cases(targets).items()
+             if name in ("qwen3_packed", "qwen3_moe_packed", "qwen3_tied_final_hidden", "qwen3_moe_two_kv_packed")}
+    batch = packed_batch(**_BATCH)
+    split = group_features(tmp_path, 2, [[0, 1]], cases, batch, device_type="cuda")
+    for name, (target_dir, layer_ids, options) in cases.items():
+        reference = TargetFeatures(target_dir, layer_ids, dtype=torch.float32, device="cuda:0", **options)(batch).cpu()
+        for rank, result in split[name].items():
+            error = float((result["features"] - reference).abs().max() / reference.abs().max())
+            print(f"GPU group of 2, {name}, rank {rank}: max relative error {error:.2e}")
+            assert error <= 1e-4, (name, rank, error)
+        assert torch.equal(split[name][0]["features"], split[name][1]["features"])

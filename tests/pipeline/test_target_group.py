@@ -95,3 +95,30 @@ def test_a_whole_targets_checkpoint_resumes_on_a_colocated_group(unsplit, qwen3_
     # Every batch of steps 4-9 trained once, all by the first drafter (one batch per step: the second has none).
     trained = [r["seq"] for r in read_jsonl(out / "trace" / "drafter-0.jsonl")]
     assert trained == list(range(3, 9)) and not read_jsonl(out / "trace" / "drafter-1.jsonl")
+
+
+@pytest.mark.gpu
+def test_gpu_a_colocated_group_of_two_gpus_trains_as_two_colocated_gpus(qwen3_target, line_data, tmp_path):
+    """Two GPUs (NCCL, fp32, preflight on): a drafter on each beside one half of the target gives the losses of a
+    drafter on each beside a whole target. (With 3 or more GPUs, also the split layout: 2 target ranks + 1 drafter.)"""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        pytest.skip("needs 2 GPUs")
+    args = ["--device", "cuda", "--dtype", "float32", "--no-compile", "--grad-accum", "1"]
+    losses = {}
+    layouts = {"whole": ["--gpus", "2", "--colocated"], "group": ["--gpus", "2", "--colocated", "--target-parallel", "2"]}
+    if gpus >= 3:
+        layouts["split"] = ["--gpus", "3", "--targets", "2", "--target-parallel", "2"]
+    for name, layout in layouts.items():
+        out = tmp_path / name
+        extra = ["--grad-accum", "2"] if name == "split" else []  # 2 batches a step, as the two colocated drafters
+        result = run([*_args(qwen3_target, line_data, out), *args, *layout, *extra], timeout=600)
+        assert result.returncode == 0, result.stderr[-4000:]
+        losses[name] = step_losses(out)
+    for name in layouts:
+        if name != "whole":
+            assert losses[name].keys() == losses["whole"].keys()
+            for step, loss in losses["whole"].items():
+                assert losses[name][step] == pytest.approx(loss, rel=1e-4), (name, step)

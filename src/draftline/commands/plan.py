@@ -206,17 +206,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nlayouts of {num_gpus} GPUs, best first (memory per GPU at the largest budget that fits "
           f"{hardware.memory_gib - args.memory_headroom_gib:.0f} GiB, up to --token-budget {args.token_budget}):")
     print(f"  {'layout':<34} {'Ktok/s':>7}  {'budget':>7} {'rows':>6}  {'target GiB':>10} {'drafter GiB':>11}  who waits")
-    hidden = [layout for layout in layouts if layout.target_parallel > 1 and not layout.fits]
-    for layout in layouts:
-        if layout in hidden:
-            continue
+    shown = [layout for layout in layouts if layout.target_parallel == 1 or layout.fits]
+    hidden = len(layouts) - len(shown)
+    for layout in shown:
         target = f"{layout.memory_target.total:.1f}" if layout.memory_target else "-"
         drafter = "(same GPU)" if layout.colocated else f"{layout.memory_drafter.total:.1f}"
         print(f"  {layout.name():<34} {layout.ktok_s:>7.1f}  {layout.token_budget:>7} {layout.max_query_rows:>6}  "
               f"{target:>10} {drafter:>11}  {layout.waiting}{'' if layout.fits else '; does not fit'}")
     if hidden:
-        print(f"  ({len(hidden)} layout{'s' if len(hidden) > 1 else ''} with target groups that do not fit left out "
-              "here; --json lists every layout)")
+        print(f"  ({hidden} layout{'s' if hidden > 1 else ''} with target groups that do not fit left out here; "
+              "--json lists every layout)")
     best = layouts[0]
     record = {"hardware": {"name": hardware.name, "peak_tflops": hardware.peak_flops / 1e12,
                            "memory_gib": hardware.memory_gib, "link_gbs": hardware.link_gbs,

@@ -167,6 +167,12 @@ def _check_groups(world_size: int, targets: int | None, drafters: int | None, co
                              "--target-parallel")
 
 
+def groups_across_nodes(role: Role, ranks_per_node: int) -> list[list[int]]:
+    """The target groups whose ranks are not all on one node (torchrun numbers a node's ranks consecutively, with
+    ``ranks_per_node`` on each): their all-reduces would cross the network."""
+    return [ranks for ranks in role.all_target_groups() if ranks[0] // ranks_per_node != ranks[-1] // ranks_per_node]
+
+
 def assign_roles(world_size: int, num_targets: int, num_drafters: int, colocated: bool = False,
                  target_parallel: int = 1) -> list[Role]:
     """One Role per rank (``target_parallel``: ranks per target group; ``num_targets`` counts target ranks)."""

@@ -235,6 +235,7 @@ class Line:
             q_hs_capacity=c.topology.q_hs * (spec.role.num_targets if spec.colocated else 1),
             progress=self.worker.progress, trace_dir=spec.run_dir / run_files.TRACE if c.engine.trace else None,
             cpu_cores=usable_cores() if spec.device.type == "cpu" else None,
+            target_parallel=spec.role.target_parallel,
         )
         rundir.log_start(c, rundir.StartDecision(spec.mode, Path(spec.checkpoint) if spec.checkpoint else None),
                          step=spec.start_step, world_size=spec.env.world_size, topology=self.topology())

@@ -28,7 +28,7 @@ from draftline.config import TrainConfig, flag_of
 from draftline.distributed import rundir
 from draftline.distributed.failure import FailureContext, fail
 from draftline.distributed.health import Health, local_rank_info
-from draftline.distributed.roles import COLOCATED, assign_roles, split
+from draftline.distributed.roles import COLOCATED, assign_roles, groups_across_nodes, split
 from draftline.distributed.setup import agree_on_setup, join_job
 from draftline.distributed.shard import make_drafter_group, replicates
 from draftline.distributed.target_group import make_target_group
@@ -39,6 +39,18 @@ from draftline.monitor.loggers import NullLogger
 from draftline.pipeline.line import Line
 from draftline.pipeline.spec import DistEnv, ModelSpec, pick_device, resolve_run
 from draftline.sizing.plan import target_share
+
+
+def check_groups_on_nodes(role, ranks_per_node: int) -> None:
+    """Refuse target groups that span two nodes: their all-reduces, one or two per layer, would cross the network."""
+    across = groups_across_nodes(role, ranks_per_node)
+    if across:
+        k = role.target_parallel
+        raise DraftlineError(
+            f"target group(s) on ranks {', '.join(f'{g[0]}-{g[-1]}' for g in across)} span two nodes of {ranks_per_node} "
+            f"ranks: their all-reduces would cross the network. Keep each group on one node: --drafters a multiple "
+            f"of --target-parallel {k} (the drafters are ranks 0..D-1, the targets' groups follow), with {k} dividing "
+            "the ranks per node")
 
 
 def run_training(config: TrainConfig) -> int:
@@ -62,6 +74,7 @@ def run_training(config: TrainConfig) -> int:
                         target_parallel=t.target_parallel)[env.rank]
     if t.target_parallel > 1:  # before any weight is read: a group size the target's heads do not divide
         check_group_size(model.target_file_config, t.target_parallel, where=flag_of(t, "target_parallel"))
+        check_groups_on_nodes(role, env.local_world_size or env.world_size)
     health = Health(local_rank_info(env.rank, role.kind, device, role.describe_group()), store, env.world_size,
                     timeout_s=t.failure_timeout_s, shared_process=role.kind == COLOCATED)
     health.start()
