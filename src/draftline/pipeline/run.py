@@ -116,9 +116,10 @@ def run_training(config: TrainConfig) -> int:
     if env.world_size > 1:
         sys.stdout.flush()
         sys.stderr.flush()
-        if code != 0 or cut_short:
+        if code != 0 or cut_short or target_group is not None:
             # Peers may be dead, or this rank's sender thread still inside a send to drafters that ended the
-            # run early (a time limit, a stop): tearing down the process group could hang or abort.
+            # run early (a time limit, a stop), or (a target group's rank) an agreement on a batch still posted that
+            # a peer, stopped first, never joins: tearing down the process group could hang or abort.
             os._exit(code)
         dist.destroy_process_group()
     return code
