@@ -147,3 +147,8 @@ def test_a_target_group_across_two_nodes_is_found():
     assert groups_across_nodes(assign_roles(16, 12, 4, target_parallel=4)[0], 8) == []
     assert groups_across_nodes(assign_roles(16, 15, 1, target_parallel=3)[0], 8) == [[7, 8, 9]]
     assert groups_across_nodes(assign_roles(16, 15, 1, target_parallel=3)[0], 16) == []
+    from draftline.distributed.roles import check_groups_on_nodes
+
+    with pytest.raises(DraftlineError, match="ranks 7-9 span two nodes of 8 ranks.*--drafters a multiple of "
+                                             "--target-parallel 3"):
+        check_groups_on_nodes(assign_roles(16, 15, 1, target_parallel=3)[0], 8)

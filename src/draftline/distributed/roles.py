@@ -173,6 +173,18 @@ def groups_across_nodes(role: Role, ranks_per_node: int) -> list[list[int]]:
     return [ranks for ranks in role.all_target_groups() if ranks[0] // ranks_per_node != ranks[-1] // ranks_per_node]
 
 
+def check_groups_on_nodes(role: Role, ranks_per_node: int) -> None:
+    """Refuse target groups that span two nodes (``groups_across_nodes``), naming the fix."""
+    across = groups_across_nodes(role, ranks_per_node)
+    if across:
+        k = role.target_parallel
+        raise DraftlineError(
+            f"target group(s) on ranks {', '.join(f'{g[0]}-{g[-1]}' for g in across)} span two nodes of "
+            f"{ranks_per_node} ranks: their all-reduces would cross the network. Keep each group on one node: "
+            f"--drafters a multiple of --target-parallel {k} (the drafters are ranks 0..D-1, the targets' groups "
+            f"follow), with {k} dividing the ranks per node")
+
+
 def assign_roles(world_size: int, num_targets: int, num_drafters: int, colocated: bool = False,
                  target_parallel: int = 1) -> list[Role]:
     """One Role per rank (``target_parallel``: ranks per target group; ``num_targets`` counts target ranks)."""

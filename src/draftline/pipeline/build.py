@@ -37,7 +37,9 @@ def build_target(spec: RunSpec, group: TargetGroup | None = None) -> TargetFeatu
                             keep_all_layers=keep_all, final_hidden=spec.model.distill,
                             config=spec.model.target_file_config,
                             group=group.device_group if group is not None else None)
-    if spec.config.engine.compile and spec.device.type == "cuda":
+    # A split target runs eager: its layers' forwards hold transformers' tensor-parallel hooks and all-reduces, which
+    # compile_target's whole-layer compilation has not been checked against on GPUs.
+    if spec.config.engine.compile and spec.device.type == "cuda" and group is None:
         from draftline.model.fused import compile_target
 
         compile_target(target)  # fused norms, RoPE, SwiGLU and residuals around the matmuls

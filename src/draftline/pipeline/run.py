@@ -28,29 +28,17 @@ from draftline.config import TrainConfig, flag_of
 from draftline.distributed import rundir
 from draftline.distributed.failure import FailureContext, fail
 from draftline.distributed.health import Health, local_rank_info
-from draftline.distributed.roles import COLOCATED, assign_roles, groups_across_nodes, split
+from draftline.distributed.roles import COLOCATED, assign_roles, check_groups_on_nodes, split
 from draftline.distributed.setup import agree_on_setup, join_job
 from draftline.distributed.shard import make_drafter_group, replicates
-from draftline.distributed.target_group import make_target_group
 from draftline.distributed.signals import StopSignals
+from draftline.distributed.target_group import make_target_group
 from draftline.errors import DraftlineError
 from draftline.model.target_parallel import check_group_size
 from draftline.monitor.loggers import NullLogger
 from draftline.pipeline.line import Line
 from draftline.pipeline.spec import DistEnv, ModelSpec, pick_device, resolve_run
 from draftline.sizing.plan import target_share
-
-
-def check_groups_on_nodes(role, ranks_per_node: int) -> None:
-    """Refuse target groups that span two nodes: their all-reduces, one or two per layer, would cross the network."""
-    across = groups_across_nodes(role, ranks_per_node)
-    if across:
-        k = role.target_parallel
-        raise DraftlineError(
-            f"target group(s) on ranks {', '.join(f'{g[0]}-{g[-1]}' for g in across)} span two nodes of {ranks_per_node} "
-            f"ranks: their all-reduces would cross the network. Keep each group on one node: --drafters a multiple "
-            f"of --target-parallel {k} (the drafters are ranks 0..D-1, the targets' groups follow), with {k} dividing "
-            "the ranks per node")
 
 
 def run_training(config: TrainConfig) -> int:
