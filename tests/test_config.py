@@ -286,6 +286,7 @@ RANGES = {
         "model.draft_layers", "data.token_budget", "data.max_batch_size", "data.max_anchors", "data.epochs",
         "optim.lr", "optim.loss_gamma", "optim.grad_accum", "optim.global_batch_tokens", "optim.max_steps",
         "optim.max_minutes", "optim.max_bad_steps", "topology.targets", "topology.drafters", "topology.gpus",
+        "topology.target_parallel",
         "topology.q_pre", "topology.q_hs", "topology.failure_timeout_s", "checkpoint.keep",
         "monitor.eval_num_prompts", "monitor.eval_max_new_tokens", "monitor.eval_final_num_prompts",
         "monitor.eval_final_max_new_tokens", "engine.head_chunk_rows", "engine.gpu_memory_gib"},
@@ -350,6 +351,9 @@ def _set(config, **fields):
      "--resume and --from-scratch contradict each other; pick one"),
     ({"model__block_size": 8, "engine__max_query_rows": 4},
      "engine.max_query_rows (--max-query-rows) = 4 must hold at least one block (8 rows)"),
+    ({"topology__targets": 5, "topology__target_parallel": 2},
+     "topology.targets (--targets) = 5 counts the ranks of the target groups of topology.target_parallel "
+     "(--target-parallel) = 2: make it a multiple (4 or 6)"),
 ], ids=lambda x: "+".join(x) if isinstance(x, dict) else None)
 def test_the_rules_between_fields_name_their_flags(fields, message):
     with pytest.raises(DraftlineError) as info:
@@ -440,8 +444,9 @@ def test_every_flag_that_src_names_is_an_option_of_a_command():
 
 
 # plan's options of the same name as train's that are another value: one dataset to read lengths from,
-# the node's GPU count, one GPU's memory, the device --measure times on.
-PLAN_OWN = {"--data", "--gpus", "--gpu-memory-gib", "--device"}
+# the node's GPU count, one GPU's memory, the device --measure times on, the target groups planned (default: every
+# size the target splits by).
+PLAN_OWN = {"--data", "--gpus", "--gpu-memory-gib", "--device", "--target-parallel"}
 
 
 def test_plan_takes_the_train_options_it_shares_from_their_fields():

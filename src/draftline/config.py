@@ -166,6 +166,14 @@ class TopologyConfig:
     colocated: bool = opt(False, "--colocated")
     """Every rank runs both: a target thread feeds the drafter of its own process (data-parallel
     drafters, no split). Good when targets and drafters would otherwise wait for each other."""
+    target_parallel: int = opt(1, "--target-parallel", metavar="RANKS", check=POSITIVE)
+    """Ranks per target: each target is a group of this many ranks that runs the model tensor-parallel
+    (transformers' plans: attention heads and MLP columns split, MoE experts split), for a target that does not
+    fit one GPU (`draftline plan` says which size fits). The group computes each of its batches once and its first
+    rank sends the features. targets counts ranks: a multiple of it (--gpus 8 --targets 6 --target-parallel 2:
+    3 targets of 2 ranks and 2 drafters). With colocated every rank is a drafter beside one rank of a target
+    group: N drafters, N / this many targets. Above 1 acceptance is not measured during training (measure the
+    exported drafter afterwards). 1 = one rank per target, the whole model on one GPU."""
     drafter_state: str = opt("auto", "--drafter-state", check=OneOf(("auto", "shard", "replicate")))
     """How several drafter ranks hold the drafter: 'shard' (FSDP2: each keeps 1/D of the weights, gradients
     and AdamW state; layers gathered for each pass), 'replicate' (each keeps all of it; one all-reduce of
@@ -383,6 +391,13 @@ def validate(config: TrainConfig) -> None:
         switch = _declared(m, "init_from_target")[1]
         chosen = switch.flags[0] if m.init_from_target else switch.off
         raise DraftlineError(f"{flag_of(m, 'init_drafter')} and {chosen} both set the starting weights; pick one")
+    t = config.topology
+    if t.targets is not None and t.targets % t.target_parallel:
+        raise DraftlineError(
+            f"{named(t, 'targets')} = {t.targets} counts the ranks of the target groups of "
+            f"{named(t, 'target_parallel')} = {t.target_parallel}: make it a multiple "
+            f"({t.targets // t.target_parallel * t.target_parallel or t.target_parallel} or "
+            f"{(t.targets // t.target_parallel + 1) * t.target_parallel})")
     if c.resume and c.from_scratch:
         raise DraftlineError(f"{flag_of(c, 'resume')} and {flag_of(c, 'from_scratch')} contradict each other; pick one")
     if e.max_query_rows < (m.block_size or 2):

@@ -90,11 +90,13 @@ class LineMonitor:
         progress,
         trace_dir=None,
         cpu_cores: int | None = None,
+        target_parallel: int = 1,
     ):
         """``progress``: the run's (``pipeline.progress.Progress``: the tokens, samples and skipped steps shown
         are its, counted from the run's first step)."""
         self.health = health
         self.cpu_cores = cpu_cores  # CPU ranks: the host's cores they share (the advice says so)
+        self.target_parallel = target_parallel  # target ranks per group: the advice moves whole groups
         self.trace_dir = trace_dir  # engine.trace: each step's loss in trace/steps.jsonl
         self.logger = logger
         self.dashboard = dashboard
@@ -241,6 +243,7 @@ class LineMonitor:
             num_drafters=len(drafters) or None,
             colocated=self._colocated,
             cpu_cores=self.cpu_cores,
+            target_parallel=self.target_parallel,
             elapsed_s=time.time() - self.started,
             q_pre_capacity=self.q_pre_capacity,
             q_hs_capacity=self.q_hs_capacity,
