@@ -38,7 +38,7 @@ demo: $(BIN)/.demo
 	$(BIN)/draftline demo --minutes 9.5 --since $(DEMO_START)
 
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 clean:
 	rm -rf $(VENV) demo-run

@@ -34,8 +34,8 @@ def test_quick_demo_end_to_end(tmp_path):
     assert len(per_prompt) == 24 and all(sum(p["acceptance_lengths"]) > 0 for p in per_prompt)
     starts = [json.loads(line) for line in (run / "starts.jsonl").read_text().splitlines()]
     # Two processes, each a target and a drafter; the drafters replicate (one gradient all-reduce per step).
-    assert starts[-1]["topology"] == {"targets": 2, "drafters": 2, "colocated": True, "world_size": 2, "device": "cpu",
-                                      "sharded": False, "replicated": True}
+    assert starts[-1]["topology"] == {"targets": 2, "drafters": 2, "colocated": True, "target_parallel": 1,
+                                      "world_size": 2, "device": "cpu", "sharded": False, "replicated": True}
     # The demo's drafter leaves for the engines like any other: its feature layers are ones they capture.
     exported = subprocess.run([sys.executable, "-m", "draftline", "export", str(run), str(out / "export")],
                               env=env, capture_output=True, text=True, timeout=300)
