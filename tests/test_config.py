@@ -295,6 +295,8 @@ RANGES = {
     "auto, shard or replicate": {"topology.drafter_state"},
     "auto, cuda or cpu": {"topology.device"},
     "auto, flex, flash or dense": {"engine.attention"},
+    "none, cheap or mlp": {"engine.recompute"},
+    "fp32 or bf16": {"optim.moments"},
 }
 
 

@@ -327,6 +327,16 @@ def resumed_batches_per_step(checkpoint: str, saved: int | None, balance_saved: 
     return per_step, note
 
 
+def refuse_changed_moments(checkpoint: str, saved: str | None, now: str) -> None:
+    """A resume keeps the AdamW moments' dtype its checkpoint was saved with (absent: written before
+    optim.moments, fp32): another would not continue the same optimizer."""
+    saved = saved or "fp32"
+    if saved != now:
+        raise DraftlineError(
+            f"{checkpoint}: its AdamW moments are {saved} (optim.moments), this run asks for {now}: resume with "
+            f"--moments {saved}, or start a new run (--from-scratch) to train with {now} moments")
+
+
 def resolve_run(config: TrainConfig, model: ModelSpec, role: Role, env: DistEnv, device, setup: RunSetup
                 ) -> tuple[RunSpec, str | None]:
     """This rank's ``RunSpec`` once rank 0 decided the start; and, on a resume, a line about what it keeps."""
@@ -338,6 +348,7 @@ def resolve_run(config: TrainConfig, model: ModelSpec, role: Role, env: DistEnv,
     per_step, note = fresh, None
     if setup.checkpoint:
         refuse_changed_drafter(setup.checkpoint, model.drafter_config)
+        refuse_changed_moments(setup.checkpoint, setup.moments, config.optim.moments)
         per_step, note = resumed_batches_per_step(setup.checkpoint, setup.batches_per_step, setup.balance_steps, fresh,
                                                   config.data.balance_steps, role.num_drafters,
                                                   setup.checkpoint_drafters)
