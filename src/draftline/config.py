@@ -286,8 +286,11 @@ class EngineConfig:
     """GiB of GPU memory that preflight keeps free (allocator fragmentation, library updates). Raise it
     if a run that passed preflight still runs out of memory."""
     gpu_memory_gib: float | None = opt(None, "--gpu-memory-gib", metavar="GIB", check=POSITIVE)
-    """Use at most this many GiB of each GPU (torch.cuda.set_per_process_memory_fraction): to share a GPU with
-    other work, or to try a smaller GPU's sizes on a larger one; None = all of it."""
+    """The device memory of each GPU this run may use in all, as CUDA and nvidia-smi count it: torch's allocator
+    capped to it less what lies outside the allocator (CUDA context, libraries, NCCL, other processes: measured
+    at start and after preflight's warm-up). To try a smaller GPU on a larger one, give the capacity torch
+    reports for it (e.g. 94.97 for the RTX PRO 6000 Blackwell, 79.11 for the H100 80GB: `draftline plan --gpu`'s
+    table); or to leave room on a shared GPU. None = all of it."""
     trace: bool = opt(False, "--trace")
     """Write RUN_DIR/trace/: each step's loss, and the batches and samples each drafter trained
     (audits, tests). Small files; off by default."""

@@ -221,10 +221,11 @@ def pick_device(config: TrainConfig, local_rank: int) -> torch.device:
             f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); launch at most one process per GPU"
         )
     torch.cuda.set_device(local_rank)
-    limit = config.engine.gpu_memory_gib
-    if limit is not None:
-        total = torch.cuda.get_device_properties(local_rank).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, limit * 2**30 / total), local_rank)
+    if config.engine.gpu_memory_gib is not None:  # the card: the device's whole use, not the allocator's alone
+        from draftline.distributed.memory import cap_device
+
+        budget = cap_device(local_rank, config.engine.gpu_memory_gib)
+        print(f"draftline: rank {os.environ.get('RANK', '0')}: GPU {local_rank}: {budget.describe()}", flush=True)
     return torch.device("cuda", local_rank)
 
 

@@ -45,8 +45,9 @@ import torch
 
 from draftline import run_files
 from draftline.distributed.memory import MemoryLimit, find_out_of_memory, gib, memory_limit
-from draftline.distributed.shard import local_tensor
+from draftline.distributed.shard import local_tensor, replicates
 from draftline.errors import DraftlineError
+from draftline.sizing.memory_estimate import several_passes
 from draftline.sizing.peak_fit import LinearPeak, check_point, fit_and_check, measured_sizes
 from draftline.sizing.workload import DOC_TOKENS, worst_case_batch
 
@@ -100,7 +101,11 @@ def preflight_target(spec, target, who: str) -> PreflightResult:
     vocab = target.embed_weight().shape[0]
     resident = float(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0.0
     limit = memory_limit(device, config.engine.memory_headroom_gib)
-    measured: dict = {}
+    measured: dict = {"model": model_prediction(spec, "target")}
+
+    def warmed():  # what lies outside the allocator grew with the kernels loaded: the card's cap follows it
+        nonlocal limit
+        limit = memory_limit(device, config.engine.memory_headroom_gib)
 
     def run(tokens: int, _rows: int = 0, quiet: bool = False) -> float | None:
         def body():
@@ -121,7 +126,7 @@ def preflight_target(spec, target, who: str) -> PreflightResult:
          + (f" (checked at {check_at[0]:,}), extrapolated to --token-budget {budget:,}" if check_at else "")
          + f"; {limit.describe()}")
     fit, check, points = fit_and_check(measured, "target", run, [(size, 0) for size in sizes], check_at,
-                                        lambda: _refuse_target(spec, budget, None, None, limit, who), _say)
+                                        lambda: _refuse_target(spec, budget, None, None, limit, who), _say, warmed)
     peak = points[0][2] if len(sizes) == 1 else None
     if peak is None:
         predicted = fit(budget)
@@ -136,13 +141,18 @@ def preflight_target(spec, target, who: str) -> PreflightResult:
             fit = LinearPeak.fit(points)
     if peak is None or peak > limit.limit:
         _refuse_target(spec, budget, peak, fit, limit, who)
-    # Colocated, the drafter adds this transient and counts the hidden-state queue itself: without the outbox.
+    # Colocated, the drafter adds this transient and counts the hidden-state queue itself: without the outbox. (Its
+    # slope may be negative where the fit is one point, a constant: the transient is then exact at the budget and
+    # larger than it is below it, on the safe side.)
     outbox_per_token = outbox * width * torch.finfo(dtype).bits // 8
-    transient = LinearPeak(fit.base - resident, max(fit.per_token - outbox_per_token, 0.0))
+    transient = LinearPeak(fit.base - resident, fit.per_token - outbox_per_token)
     seconds = time.perf_counter() - started
-    _say(f"target: {gib(peak)} peak at --token-budget {budget:,}, within the {gib(limit.limit)} limit ({seconds:.1f} s)")
+    _say(f"target: {gib(peak)} peak at --token-budget {budget:,}, within the {gib(limit.limit)} limit ({seconds:.1f} s)"
+         + _beside_model(peak, measured["model"]))
     _record(spec, "target", {"token_budget": budget, "peak_bytes": peak, "seconds": seconds, "points": points,
-                             "check": asdict(check) if check else None, **asdict(limit)})
+                             "check": asdict(check) if check else None, "model": measured["model"], **asdict(limit)})
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # from here on the peak is the training's (the monitor shows it)
     return PreflightResult("target", peak, measured, transient)
 
 
@@ -192,7 +202,10 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
     queued_batches = spec.queued_feature_batches
     vocab = objective.embed_weight.shape[0]
     limit = memory_limit(device, config.engine.memory_headroom_gib)
-    measured: dict = {}
+    measured: dict = {"model": model_prediction(spec, "drafter")}
+    # A batch in several passes (or several batches a step): a later pass runs its forward beside the gradients of
+    # the passes before it, so the worst case holds them (allocated before the pass, as the first backward would).
+    held_gradients = several_passes(budget, rows, block) or spec.batches_per_step > spec.role.num_drafters
     params = [p for p in drafter.parameters()]
     saved = [local_tensor(p).detach().cpu().clone() for p in params]
     lrs = [group["lr"] for group in optimizer.param_groups]
@@ -210,6 +223,10 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
         def body():
             from draftline.objective.blocks import build_blocks
 
+            if held_gradients:
+                for param in params:
+                    if param.requires_grad and param.grad is None:
+                        param.grad = torch.zeros_like(param)
             queued = torch.empty(queued_batches * tokens, width, device=device, dtype=dtype)
             features = torch.randn(tokens, width, device=device, dtype=dtype)
             blocks = build_blocks(batch, anchors, block_size=block, mask_token_id=objective.mask_token_id,
@@ -226,13 +243,17 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
         t0 = time.perf_counter()
         peak = _measure(device, body)
         if peak is not None and extra is not None:
-            peak += extra(tokens)
+            peak += max(extra(tokens), 0.0)
         if quiet:
             return peak
         _say(f"drafter at {tokens:,} tokens x {anchors_n * block:,} query rows: "
              f"{'out of memory' if peak is None else gib(peak)}{' incl. the target' if colocated else ''} "
              f"({time.perf_counter() - t0:.1f} s)")
         return peak
+
+    def warmed():  # what lies outside the allocator grew with the kernels loaded: the card's cap follows it
+        nonlocal limit
+        limit = memory_limit(device, config.engine.memory_headroom_gib)
 
     token_sizes = measured_sizes(budget, SMALL_TOKENS, 2 * block)
     chunk = max(config.engine.head_chunk_rows, block)
@@ -247,7 +268,7 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
     try:
         fit, check, points = fit_and_check(
             measured, "drafter", run, points_at, check_at,
-            lambda: _refuse_drafter(spec, budget, rows, None, None, limit, who, colocated), _say)
+            lambda: _refuse_drafter(spec, budget, rows, None, None, limit, who, colocated), _say, warmed)
         peak = points[0][2] if points_at == [(budget, rows)] else None
         if peak is None:
             predicted = fit(budget, rows)
@@ -264,9 +285,11 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
             _refuse_drafter(spec, budget, rows, peak, fit, limit, who, colocated)
         seconds = time.perf_counter() - started
         _say(f"drafter: {gib(peak)} peak at --token-budget {budget:,}, --max-query-rows {rows:,}"
-             f"{' with the colocated target' if colocated else ''}, within the {gib(limit.limit)} limit ({seconds:.1f} s)")
+             f"{' with the colocated target' if colocated else ''}, within the {gib(limit.limit)} limit ({seconds:.1f} s)"
+             + _beside_model(peak, measured["model"]))
         _record(spec, "drafter", {"token_budget": budget, "max_query_rows": rows, "peak_bytes": peak, "seconds": seconds,
-                                  "points": points, "check": asdict(check) if check else None, **asdict(limit)})
+                                  "points": points, "check": asdict(check) if check else None,
+                                  "held_gradients": held_gradients, "model": measured["model"], **asdict(limit)})
     finally:
         with torch.no_grad():
             for param, value in zip(params, saved):
@@ -277,6 +300,7 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
         optimizer.state.clear()  # the moments and step counts preflight's step allocated: as new
         if device.type == "cuda":
             torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)  # from here on the peak is the training's
     return PreflightResult("drafter", peak, measured)
 
 
@@ -304,6 +328,46 @@ def _refuse_drafter(spec, budget, rows, peak, fit, limit: MemoryLimit, who, colo
         f"--max-query-rows {rows:,}{', colocated with the target' if colocated else ''}); {limit.describe()}. "
         f"The largest that fit: {' or '.join(options)}"
     )
+
+
+# ---------------------------------------------------------------------------------------- the model beside it
+def model_prediction(spec, role: str) -> dict:
+    """What the memory model (``memory_estimate``) predicts for this rank's worst case of ``role`` ("target", or
+    "drafter": colocated, with its target), by component: ``{"allocated_gib", "device_gib", "parts"}``."""
+    from draftline.sizing.memory_estimate import (
+        MemoryInputs, colocated_memory, drafter_memory, target_memory,
+    )
+
+    config, model = spec.config, spec.model
+    c, e, o = config.topology, config.engine, config.optim
+    budget, rows = config.data.token_budget, e.max_query_rows
+    num_feature_layers = len(model.layer_ids) + int(model.distill)
+    if role == "target":
+        outbox = max(1, -(-c.q_hs // spec.role.num_targets)) + 1
+        keep_all = spec.colocated and spec.role.is_logging
+        estimate = target_memory(model.target_shape, model.layers_run, budget, num_feature_layers, outbox,
+                                 layers_kept=model.target_shape.num_layers if keep_all else None,
+                                 num_gpus=spec.env.world_size)
+    else:
+        options = dict(recompute=e.recompute, moments=o.moments, head_chunk_rows=e.head_chunk_rows,
+                       activation_checkpointing=e.activation_checkpointing)
+        drafters = spec.role.num_drafters
+        shards = 1 if replicates(c.drafter_state, spec.device) else drafters
+        if spec.colocated:
+            inputs = MemoryInputs(model.target_shape, model.drafter_shape, model.layers_run, num_feature_layers,
+                                  c.q_hs, **options)
+            estimate = colocated_memory(inputs, drafters, budget, rows, num_shards=shards,
+                                        keep_all_layers=spec.role.is_logging)
+        else:
+            estimate = drafter_memory(model.drafter_shape, budget, rows, spec.queued_feature_batches,
+                                      num_shards=shards, num_gpus=spec.env.world_size, **options)
+    return {"allocated_gib": round(estimate.allocated, 3), "total_gib": round(estimate.total, 3), "device_gib": round(estimate.device, 3),
+            "parts": {name: round(value, 3) for name, (_, value) in estimate.parts.items()}}
+
+
+def _beside_model(peak: float, model: dict) -> str:
+    predicted = model["allocated_gib"] * _GIB
+    return f"; the memory model said {gib(predicted)} ({(predicted - peak) / peak:+.1%})" if peak else ""
 
 
 # ---------------------------------------------------------------------------------------- the record
