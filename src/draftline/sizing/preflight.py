@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -328,6 +329,18 @@ def _refuse_drafter(spec, budget, rows, peak, fit, limit: MemoryLimit, who, colo
         f"--max-query-rows {rows:,}{', colocated with the target' if colocated else ''}); {limit.describe()}. "
         f"The largest that fit: {' or '.join(options)}"
     )
+
+
+def suggested_flags(message: str) -> list[str]:
+    """The flags a refusal names, the first fix: fewer query rows per pass (same budget, same work), else a
+    smaller token budget, else fewer queued batches, else activation checkpointing; [] for another message."""
+    # Suggested values are written without thousands separators; the configured ones ("32,768") with.
+    for pattern, flag in ((r"--max-query-rows (\d+) \(at --token-budget", "--max-query-rows"),
+                          (r"--token-budget (\d+)(?!,?\d)", "--token-budget"), (r"--q-hs (\d+)", "--q-hs")):
+        found = re.search(pattern, message)
+        if found:
+            return [flag, found.group(1)]
+    return ["--activation-checkpointing"] if "--activation-checkpointing" in message else []
 
 
 # ---------------------------------------------------------------------------------------- the model beside it
