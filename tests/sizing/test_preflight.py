@@ -64,7 +64,9 @@ def test_changes_since_the_last_start():
 @pytest.fixture()
 def cpu_line(qwen3_target, tmp_path, monkeypatch):
     monkeypatch.setattr(preflight, "SMALL_TOKENS", 1024)  # the GPU sizes / 8: seconds on CPU
-    monkeypatch.setattr(preflight, "DOC_TOKENS", 256)
+    from draftline.sizing import workload
+
+    monkeypatch.setattr(workload, "DOC_TOKENS", 256)
     config = TrainConfig()
     config.data.token_budget = 8192
     config.engine.max_query_rows = 1024

@@ -50,7 +50,7 @@ from draftline.distributed.shard import local_tensor, replicates
 from draftline.errors import DraftlineError
 from draftline.sizing.memory_estimate import several_passes
 from draftline.sizing.peak_fit import LinearPeak, check_point, fit_and_check, measured_sizes
-from draftline.sizing.workload import DOC_TOKENS, worst_case_batch
+from draftline.sizing.workload import worst_case_anchors, worst_case_batch
 
 _GIB = 2**30
 SMALL_TOKENS = 8192
@@ -214,12 +214,7 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
     def run(tokens: int, query_rows: int, quiet: bool = False) -> float | None:
         anchors_n = max(1, min(query_rows // block, tokens - block - 1))
         batch = worst_case_batch(tokens, vocab)
-        # Anchors late in their documents: the most visible keys per query (spread over the documents).
-        starts = torch.arange(0, tokens, DOC_TOKENS)
-        ends = torch.clamp(starts + DOC_TOKENS, max=tokens)
-        late = torch.cat([torch.arange(max(s, e - block - (anchors_n // len(starts) + 1)), e - block)
-                          for s, e in zip(starts.tolist(), ends.tolist())])
-        anchors = late[-anchors_n:] if len(late) >= anchors_n else torch.arange(tokens - anchors_n - 1, tokens - 1)
+        anchors = worst_case_anchors(tokens, anchors_n, block)
 
         def body():
             from draftline.objective.blocks import build_blocks
