@@ -352,3 +352,20 @@ def test_the_fix_a_refusal_names_as_flags():
                            "lower --q-hs") == ["--token-budget", "30208"]
     assert suggested_flags("The largest that fit: --activation-checkpointing") == ["--activation-checkpointing"]
     assert suggested_flags("something else") == []
+
+
+def test_the_model_stands_beside_the_measurement(cpu_line, counter, monkeypatch, capsys):
+    """Preflight prints and records the memory model's prediction of the worst case it measures; a spec the model
+    cannot read gives no prediction and changes nothing else."""
+    spec, target, worker = cpu_line
+    _limit(monkeypatch, 100 * GIB)
+    result = preflight.preflight_target(spec, target, "rank 0 (test)")
+    drafter = preflight.preflight_drafter(spec, worker, "rank 0 (test)", result)
+    for measured in (result.measured, drafter.measured):
+        model = measured["model"]
+        assert model["allocated_gib"] > 0 and model["total_gib"] > model["allocated_gib"]
+        assert sum(model["parts"].values()) == pytest.approx(model["allocated_gib"], abs=0.01)
+    assert any("target weights" in name for name in drafter.measured["model"]["parts"])  # colocated: with its target
+    printed = capsys.readouterr().out
+    assert printed.count("the memory model said") == 2
+    assert preflight.model_prediction(dataclasses.replace(spec, model=None), "drafter") is None

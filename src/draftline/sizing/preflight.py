@@ -339,9 +339,18 @@ def suggested_flags(message: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------- the model beside it
-def model_prediction(spec, role: str) -> dict:
+def model_prediction(spec, role: str) -> dict | None:
     """What the memory model (``memory_estimate``) predicts for this rank's worst case of ``role`` ("target", or
-    "drafter": colocated, with its target), by component: ``{"allocated_gib", "device_gib", "parts"}``."""
+    "drafter": colocated, with its target), by component: ``{"allocated_gib", "total_gib", "device_gib", "parts"}``;
+    None where the model cannot say (a spec without the target's shape): a prediction is beside the measurement,
+    never in its way."""
+    try:
+        return _model_prediction(spec, role)
+    except Exception:  # noqa: BLE001 - the measurement decides; the model only stands beside it
+        return None
+
+
+def _model_prediction(spec, role: str) -> dict:
     from draftline.sizing.memory_estimate import (
         MemoryInputs, colocated_memory, drafter_memory, target_memory,
     )
@@ -373,7 +382,9 @@ def model_prediction(spec, role: str) -> dict:
             "parts": {name: round(value, 3) for name, (_, value) in estimate.parts.items()}}
 
 
-def _beside_model(peak: float, model: dict) -> str:
+def _beside_model(peak: float, model: dict | None) -> str:
+    if model is None:
+        return ""
     predicted = model["allocated_gib"] * _GIB
     return f"; the memory model said {gib(predicted)} ({(predicted - peak) / peak:+.1%})" if peak else ""
 
