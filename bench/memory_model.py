@@ -263,6 +263,9 @@ def run_shape(args, shape: str, budget: int, rows_per_pass: int, device, dtype, 
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+        print(f"{shape}: the target's layers freed: {meter.allocated():.2f} GiB allocated (the drafter's state, the "
+              f"embedding and head: {(12 * params + 4 * drafter_shape.vocab_size * drafter_shape.hidden_size) / GIB:.2f} "
+              "expected with fp32 moments)", flush=True)
     meter.start()
     queue = feature_batches(RECEIVE_PREFETCH + 1, budget, width, device, dtype)
     worst_case_step(worker, budget, rows_per_pass, device, dtype)

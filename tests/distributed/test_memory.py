@@ -433,8 +433,17 @@ def test_gpu_memory_taken_after_the_plan_is_caught_at_start(gpu_line, tmp_path):
         assert not list((tmp_path / "day").glob("checkpoints/step-*")), "a step was trained"
         fix = suggested_flags(refusal)
         assert fix, refusal
-        code, text, _ = _gpu_child("plain", args(tmp_path / "fixed", "--gpu-memory-gib", card, *fix), limit_s=180)
-        assert code == 0 and "out of GPU memory" not in text, text[-3000:]
+        # The fix is read off preflight's fit (trusted within 0.25 GiB + 2%): at the edge of a card this small a
+        # second refusal may name a smaller one. Either way: refused at start or trained, never out of memory.
+        for attempt in range(2):
+            code, text, _ = _gpu_child("plain", args(tmp_path / f"fixed-{attempt}", "--gpu-memory-gib", card, *fix),
+                                       limit_s=180)
+            assert "out of GPU memory" not in text and "Traceback" not in text, text[-3000:]
+            refusal = next((line for line in text.splitlines() if "preflight: the " in line), None)
+            if code == 0 or refusal is None:
+                break
+            fix = suggested_flags(refusal)
+        assert code == 0, text[-3000:]
     finally:
         hog.stdin.close()
         hog.wait(timeout=30)
