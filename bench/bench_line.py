@@ -39,7 +39,6 @@ import gc
 import io
 import json
 import math
-import re
 import shutil
 import statistics
 import sys
@@ -61,6 +60,7 @@ from draftline.model.config import build_drafter_config
 from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import TargetFeatures
 from draftline.monitor.clocks import ClockWatch
+from draftline.sizing.preflight import suggested_flags
 from draftline.sizing.flops import TargetShape, resolve_peak, target_flops
 from draftline.pipeline.transport import Delivery
 
@@ -224,18 +224,6 @@ def line_inputs(shape: str, budget: int, samples: int, workdir: str | None, devi
     return work, info
 
 
-def preflight_suggestion(message: str) -> list[str]:
-    """The flags preflight's refusal suggests: fewer query rows per pass (same budget, same work) first,
-    else a smaller token budget, else fewer queued batches, else activation checkpointing."""
-    # Suggested values are written without thousands separators; the configured ones ("32,768") with.
-    for pattern, flag in ((r"--max-query-rows (\d+) \(at --token-budget", "--max-query-rows"),
-                          (r"--token-budget (\d+)(?!,?\d)", "--token-budget"), (r"--q-hs (\d+)", "--q-hs")):
-        found = re.search(pattern, message)
-        if found:
-            return [flag, found.group(1)]
-    return ["--activation-checkpointing"] if "--activation-checkpointing" in message else []
-
-
 class _Tee(io.TextIOBase):
     """stderr as it is, and a copy (preflight's refusal is printed there)."""
 
@@ -334,7 +322,7 @@ def run_line(args, device, rows, peak, spec_flops: float):
               + (f"; preflight {record['preflight']}" if "preflight" in record else ""), flush=True)
         if code == 0 or not refusal:
             break
-        suggested = preflight_suggestion(refusal)
+        suggested = suggested_flags(refusal)
         if not suggested:
             break
         print(f"line: preflight suggests {' '.join(suggested)}; running again with it", flush=True)

@@ -4,6 +4,11 @@ SpecForge's own step on the same sample.
     python bench/drafter_memory.py --predict                        # the arithmetic, by component (no GPU)
     python bench/drafter_memory.py --predict --trace                # + what the compiled halves keep (CPU trace)
     python bench/drafter_memory.py --variants none+headcopy,cheap,mlp,peer,peer+liger --json mem.json   # GPU
+    python bench/drafter_memory.py --device cpu --shape tiny --layers 2 --tokens 200 --anchors 8 --iters 1 \
+        --warmup 1 --head-chunk-rows 64 --variants cheap,none+headcopy,cheap+bf16moments   # the variants run (CPU)
+
+The accounting is the product's (``draftline.sizing.drafter_memory``, checked against the partitioner by
+tests/sizing/test_drafter_memory.py); this script prints it by component and measures it.
 
 The workload is bench_line's ``drafter-3072`` row: one 3,072-token sample, 512 anchors, block 16, the drafter
 of the ``--shape`` target (5 layers), random bf16 embedding and LM head, one batch's features at a time, steps
@@ -34,10 +39,8 @@ peaks of the forward, the backward and the optimizer step.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
-import math
 import statistics
 import sys
 import time
@@ -50,6 +53,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import SHAPES, make_worker, packed_batch, target_config  # noqa: E402
 
 from draftline.model.config import build_drafter_config  # noqa: E402
+from draftline.sizing.drafter_memory import (  # noqa: E402
+    TRACE_SIZES, DrafterStepMemory, PassSize, compiled_part, drafter_step, layer_saved, traced_bytes, trained_params,
+)
+from draftline.sizing.shapes import DrafterShape  # noqa: E402
 from draftline.pipeline.transport import Delivery  # noqa: E402
 
 GIB = 2**30
@@ -57,113 +64,32 @@ MIB = 2**20
 
 
 # ------------------------------------------------------------------------------------------ the accounting
-@dataclasses.dataclass
-class Shape:
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    layers: int
-    feature_layers: int
-    vocab: int
-    query_rows: int  # anchors x block
-    context_rows: int
-    label_rows: int
-
-    @classmethod
-    def of(cls, cfg, tokens: int, anchors: int) -> "Shape":
-        block = int(cfg.block_size)
-        return cls(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                   cfg.intermediate_size, cfg.num_hidden_layers, len(cfg.dflash_config["target_layer_ids"]),
-                   cfg.vocab_size, anchors * block, tokens, anchors * (block - 1))
-
-    def layer_params(self) -> int:
-        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return 2 * h * q + 2 * h * kv + 3 * h * self.intermediate + 2 * h + 2 * self.head_dim
-
-    def params(self) -> int:
-        return self.layers * self.layer_params() + self.feature_layers * self.hidden**2 + 2 * self.hidden
+# The product's model (draftline.sizing.drafter_memory), printed by component.
+def predict(shape: DrafterShape, size: PassSize, mode: str, chunk_rows: int, head_copy: bool,
+            moments: str = "fp32") -> DrafterStepMemory:
+    return drafter_step(shape, size, recompute=mode, head_chunk_rows=chunk_rows, moments=moments, head_copy=head_copy)
 
 
-def layer_saved(s: Shape, mode: str) -> dict[str, int]:
-    """Bytes one decoder layer keeps from its forward to its backward (bf16 activations, fp32 norm statistics).
-
-    The compiled halves' part follows what the partitioner keeps (``--trace`` lists it); the attention kernel
-    keeps its inputs, output and log-sum-exp; the layer's output is the next layer's input."""
-    Q, T, H, I = s.query_rows, s.context_rows, s.hidden, s.intermediate
-    qw, kvw = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    saved = {
-        "attention kernel: q, k, v, out, lse": 2 * Q * qw + 2 * 2 * (T + Q) * kvw + 2 * Q * qw + 4 * s.heads * Q,
-        "layer output (the next layer's input)": 2 * Q * H,
-        "q, k projections before their norms": 2 * Q * qw + 2 * (T + Q) * kvw,
-        "norm statistics (fp32)": 4 * s.kv_heads * Q,
-    }
-    if mode == "none":
-        saved["norm statistics (fp32)"] = 4 * (2 * Q + s.heads * Q + s.kv_heads * (T + Q))
-        saved["input norm output, post-attention norm output, residual"] = 3 * 2 * Q * H
-        saved["o_proj input (attention output, transposed copy)"] = 2 * Q * qw
-        saved["gate, up, silu(gate) * up"] = 3 * 2 * Q * I
-        saved["bf16 copies of the layer's weights"] = 2 * (s.layer_params() - 2 * H - 2 * s.head_dim)
-    else:
-        saved["o_proj output"] = 2 * Q * H
-        if mode == "cheap":
-            saved["gate, up"] = 2 * 2 * Q * I
-    return saved
-
-
-def predict(s: Shape, mode: str, chunk_rows: int, head_copy: bool, moments: str = "fp32") -> dict:
-    """The step's memory by component and its phases' totals (bytes)."""
-    P, H, Q, T, M = s.params(), s.hidden, s.query_rows, s.context_rows, s.label_rows
-    R = min(chunk_rows, M)
-    fixed = {
-        "fp32 master weights": 4 * P,
-        f"AdamW moments ({moments} exp_avg, exp_avg_sq)": (8 if moments == "fp32" else 4) * P,
-        "frozen embedding + LM head (bf16)": 2 * 2 * s.vocab * H,
-        "features of one batch (bf16)": 2 * T * s.feature_layers * H,
-    }
-    per_layer = layer_saved(s, mode)
-    context = {"fc output, context C (normed), block embeddings": 2 * T * H * 2 + 2 * Q * H,
-               "final norm: its output, held through the head loss": 2 * Q * H}
-    head = {"labelled rows, their gradient (kept for backward)": 2 * 2 * M * H,
-            "one chunk of logits [R, vocab] bf16": 2 * R * s.vocab,
-            "the chunk's gradient in its own buffer": 2 * R * s.vocab if head_copy else 0}
-    layers_total = s.layers * sum(per_layer.values())
-    forward_end = sum(fixed.values()) + layers_total + sum(context.values()) + sum(head.values())
-    grads = 4 * P
-    # Backward of layer i (last first): the gradients of the layers after it exist, its own activations and
-    # those before it still do; the MLP's backward works on ~4 [Q, intermediate] bf16 tensors at once.
-    layer_grads = 4 * s.layer_params()
-    working = 4 * 2 * Q * s.intermediate
-    base = sum(fixed.values()) + sum(context.values()) - 2 * Q * H
-    backward = max(base + (s.layers - i) * layer_grads + i * sum(per_layer.values()) + working
-                   for i in range(s.layers, 0, -1))
-    backward_end = sum(fixed.values()) + grads
-    return {"fixed": fixed, "per_layer": per_layer, "layers": s.layers, "context": context, "head": head,
-            "gradients (fp32, all at the end of the backward)": grads,
-            "forward_end": forward_end, "backward": backward, "backward_end": backward_end,
-            "peak": max(forward_end, backward, backward_end)}
-
-
-def print_prediction(s: Shape, p: dict, title: str) -> None:
-    print(f"\n{title}: {s.params() / 1e9:.3f} B trained parameters, {s.query_rows:,} query rows, "
-          f"{s.context_rows:,} context rows, {s.label_rows:,} labelled rows")
-    rows = [(k, v) for k, v in p["fixed"].items()]
-    rows += [(f"per layer: {k}", v) for k, v in p["per_layer"].items()]
-    rows += [(f"all {p['layers']} layers", p["layers"] * sum(p["per_layer"].values()))]
-    rows += list(p["context"].items()) + [(f"head: {k}", v) for k, v in p["head"].items() if v]
+def print_prediction(shape: DrafterShape, size: PassSize, p: DrafterStepMemory, title: str) -> None:
+    print(f"\n{title}: {trained_params(shape) / 1e9:.3f} B trained parameters, {size.query_rows:,} query rows, "
+          f"{size.context_rows:,} context rows, {size.label_rows:,} labelled rows")
+    rows = [(k, v) for k, (_, v) in p.fixed.items()]
+    rows += [(f"per layer: {k}", v) for k, v in p.per_layer[0].items()]
+    rows += [(f"all {len(p.per_layer)} layers", p.layers_kept)]
+    rows += list(p.context.items()) + [(f"head: {k}", v) for k, v in p.head.items() if v]
     for name, value in rows:
         print(f"  {value / GIB:7.3f} GiB  {name}")
-    print(f"  {p['forward_end'] / GIB:7.2f} GiB  at the end of the forward (in the head loss)")
-    print(f"  {p['backward'] / GIB:7.2f} GiB  in the backward (largest, layer by layer)")
-    print(f"  {p['backward_end'] / GIB:7.2f} GiB  at the end of the backward / optimizer step "
-          f"(+ {p['gradients (fp32, all at the end of the backward)'] / GIB:.2f} GiB of fp32 gradients)")
-    print(f"  {p['peak'] / GIB:7.2f} GiB  predicted peak")
+    print(f"  {p.forward_end / GIB:7.2f} GiB  at the end of the forward (in the head loss)")
+    print(f"  {p.backward / GIB:7.2f} GiB  in the backward (largest, layer by layer)")
+    print(f"  {p.backward_end / GIB:7.2f} GiB  at the end of the backward / optimizer step "
+          f"(+ {p.gradients / GIB:.2f} GiB of fp32 gradients)")
+    print(f"  {p.peak / GIB:7.2f} GiB  predicted peak")
 
 
-def print_peer_floor(s: Shape) -> None:
+def print_peer_floor(shape: DrafterShape, size: PassSize) -> None:
     """SpecForge's BF16Optimizer layout, by arithmetic: what its step holds whatever its activations."""
-    P, fixed = s.params(), 2 * 2 * s.vocab * s.hidden + 2 * s.context_rows * s.feature_layers * s.hidden
+    P = trained_params(shape)
+    fixed = 2 * 2 * shape.vocab_size * shape.hidden_size + 2 * size.context_rows * len(shape.target_layer_ids) * shape.hidden_size
     held = 2 * P + 4 * P + 8 * P + fixed
     print(f"\nSpecForge 0.2.0's step (its BF16Optimizer), whatever its activations: bf16 weights {2 * P / GIB:.2f} + "
           f"fp32 masters {4 * P / GIB:.2f} + fp32 moments {8 * P / GIB:.2f} + embedding, head and features "
@@ -174,74 +100,15 @@ def print_peer_floor(s: Shape) -> None:
           f"GiB held, + {2 * P / GIB:.2f} GiB of bf16 gradients at the end of the backward")
 
 
-def trace_compiled(mode: str) -> list[tuple[str, tuple[int, ...], str, bool]]:
-    """What the compiled halves of one small decoder layer keep for backward, as the partitioner torch.compile
-    uses (min-cut) leaves it on this machine (no code generation): (half, shape, dtype, whether it is an input of
-    the half: the layer input, the context, RoPE tables, the attention output)."""
-    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
-    from torch._dynamo.backends.common import aot_autograd
-
-    from draftline.model.attention import make_attention
-    from draftline.model.drafter import DFlashDrafter
-    from draftline.model.recompute import selective
-    from draftline.objective.blocks import build_blocks
-
-    cfg = build_drafter_config(target_config("tiny"), num_hidden_layers=1, block_size=16)
-    saved, current = [], [""]
-
-    def backward_compiler(gm, _inputs):
-        for node in gm.graph.nodes:
-            value = node.meta.get("val")
-            if node.op == "placeholder" and not node.name.startswith("tangents") and isinstance(value, torch.Tensor):
-                saved.append((current[0], tuple(int(d) for d in value.shape), str(value.dtype)[6:],
-                              node.name.startswith("primals")))
-        return make_boxed_func(gm.forward)
-
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    drafter = DFlashDrafter(cfg).float()
-    layer = drafter.layers[0]
-    for name in ("attention_inputs", "attention_outputs_and_mlp"):
-        def labelled(gm, inputs, _name=name):  # the backward graph is made when the backward first runs
-            current[0] = _name
-            return backward_compiler(gm, inputs)
-
-        backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=labelled,
-                               partition_fn=min_cut_rematerialization_partition)
-        fn = selective(getattr(layer, name), mode, intermediate_size=cfg.intermediate_size)
-        setattr(layer, name, torch.compile(fn, backend=backend, fullgraph=True))
-    batch = packed_batch([160], cfg.vocab_size, 0)
-    blocks = build_blocks(batch, torch.tensor([5, 40, 77, 120, 150]), block_size=16, mask_token_id=0, gamma=7.0)
-    feats = torch.randn(batch.num_tokens, len(drafter.target_layer_ids) * cfg.hidden_size).bfloat16()
-    embeds = torch.randn(blocks.block_input_ids.shape[0], cfg.hidden_size).bfloat16()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = drafter(embeds, feats, blocks.block_positions, blocks.context_positions,
-                      make_attention(blocks.layout, cfg, "dense"))
-    out.float().sum().backward()
-    torch._dynamo.reset()
-    params = {(tuple(p.shape), str(p.dtype)[6:]) for p in layer.parameters()}
-    return [entry for entry in saved if (entry[1], entry[2]) not in params]  # the fp32 weights live on anyway
-
-
-def print_trace(mode: str, s: Shape) -> None:
-    """The traced list, each entry's dimensions named and its size at ``s``'s shape."""
-    cfg = build_drafter_config(target_config("tiny"), num_hidden_layers=1, block_size=16)
-    names = {cfg.hidden_size: ("H", s.hidden), cfg.intermediate_size: ("I", s.intermediate),
-             cfg.num_attention_heads: ("heads", s.heads), cfg.num_key_value_heads: ("kv_heads", s.kv_heads),
-             cfg.head_dim: ("head_dim", s.head_dim), 80: ("Q", s.query_rows), 160: ("T", s.context_rows),
-             cfg.num_key_value_heads * cfg.head_dim: ("kv_width", s.kv_heads * s.head_dim), 1: ("1", 1)}
-    assert len(names) == 9, "the tiny shape's dimensions must differ from each other to be named"
-    print(f"\ncompiled halves, recompute={mode!r}: kept for backward, traced on a tiny layer (Q = 80 query rows, "
-          f"T = 160 context rows, H = {cfg.hidden_size}, I = {cfg.intermediate_size}), sized at the {s.hidden}-wide "
-          "shape")
-    total = 0
-    for half, shape, dtype, is_input in trace_compiled(mode):
-        size = math.prod(names[d][1] for d in shape) * getattr(torch, dtype).itemsize
-        total += 0 if is_input else size
-        print(f"  {half:26s} {size / MIB:8.1f} MiB  [{', '.join(names[d][0] for d in shape)}] {dtype}"
-              + ("  (an input of the half)" if is_input else ""))
-    print(f"  {'':26s} {total / MIB:8.1f} MiB  in all, inputs left out (the formula's compiled part: "
-          f"{sum(v for k, v in layer_saved(s, mode).items() if not k.startswith(('attention kernel', 'layer output'))) / MIB:.1f})")
+def print_trace(mode: str, shape: DrafterShape, size: PassSize) -> None:
+    """What the compiled halves keep, traced on a tiny layer (``drafter_memory.traced_bytes``), sized here."""
+    print(f"\ncompiled halves, recompute={mode!r}: kept for backward, traced on a tiny layer ({TRACE_SIZES['Q']} query "
+          f"rows, {TRACE_SIZES['T']} context rows), sized at the {shape.hidden_size}-wide shape")
+    total, entries = traced_bytes(mode, shape, size)
+    for half, dims, size_bytes, is_input in entries:
+        print(f"  {half:26s} {size_bytes / MIB:8.1f} MiB  {dims}" + ("  (an input of the half)" if is_input else ""))
+    formula = compiled_part(layer_saved(shape, shape.layers[0], size, mode))
+    print(f"  {'':26s} {total / MIB:8.1f} MiB  in all, inputs left out (the formula's compiled part: {formula / MIB:.1f})")
 
 
 # ------------------------------------------------------------------------------------------ the measurement
@@ -552,7 +419,7 @@ def measures_memory(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def run_variant(name: str, args, cfg, device, dtype, shape: Shape) -> dict:
+def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: PassSize) -> dict:
     opts = set(name.split("+"))
     cuda = measures_memory(device)
     gc.collect()
@@ -629,7 +496,7 @@ def run_variant(name: str, args, cfg, device, dtype, shape: Shape) -> dict:
     finally:
         unpatch()
     if arm.predicted is not None:
-        result["predicted_peak_gib"] = predict(shape, *arm.predicted)["peak"] / GIB
+        result["predicted_peak_gib"] = predict(shape, size, *arm.predicted).peak / GIB
     del arm
     gc.collect()
     if cuda:
@@ -697,25 +564,25 @@ def main() -> int:
     args = parser.parse_args()
     cfg = build_drafter_config(target_config(args.shape), num_hidden_layers=args.layers, block_size=16)
     anchors = min(args.anchors, args.tokens - 1)
-    shape = Shape.of(cfg, args.tokens, anchors)
+    shape, size = DrafterShape.of(cfg), PassSize.of(anchors, 16, args.tokens)
     if args.predict:
         for mode, headcopy, moments in (("none", True, "fp32"), ("cheap", False, "fp32"), ("mlp", False, "fp32"),
                                         ("cheap", False, "bf16")):
-            print_prediction(shape, predict(shape, mode, args.head_chunk_rows, headcopy, moments),
+            print_prediction(shape, size, predict(shape, size, mode, args.head_chunk_rows, headcopy, moments),
                              f"recompute={mode!r}, head chunk {args.head_chunk_rows} rows"
                              + (", its gradient in its own buffer" if headcopy else ", gradient in place")
                              + f", {moments} AdamW moments")
-        print_peer_floor(shape)
+        print_peer_floor(shape, size)
         if args.trace:
             for mode in ("none", "cheap", "mlp"):
-                print_trace(mode, shape)
+                print_trace(mode, shape, size)
         return 0
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     results = []
     for name in args.variants.split(","):
         try:
-            results.append(run_variant(name, args, cfg, device, dtype, shape))
+            results.append(run_variant(name, args, cfg, device, dtype, shape, size))
         except Exception:  # noqa: BLE001 - one failing variant must not hide the others
             results.append({"variant": name, "failed": traceback.format_exc()[-3000:]})
             print(results[-1]["failed"], flush=True)

@@ -101,13 +101,15 @@ def reset_peak(device):
 
 
 def make_worker(cfg, device, dtype, max_query_rows, embed, head, head_chunk_rows=4096, compile_layers=True,
-                attention="auto"):
+                attention="auto", recompute="cheap", moments="fp32"):
     """A drafter worker from the product's one builder, for a drafter config alone and random frozen weights."""
     config = TrainConfig()
     config.engine.max_query_rows = max_query_rows
     config.engine.head_chunk_rows = head_chunk_rows
     config.engine.attention = attention
     config.engine.compile = compile_layers
+    config.engine.recompute = recompute
+    config.optim.moments = moments
     config.optim.max_bad_steps = 10**6
     spec = RunSpec.standalone(config, ModelSpec.from_configs(None, cfg), device, dtype=dtype, total_steps=1000)
     return build_drafter_worker(spec, Health(local_rank_info(0, "bench", device)), embed=embed, head=head)

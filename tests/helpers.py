@@ -153,3 +153,28 @@ def tiny_drafter_worker(device, dtype, max_query_rows=2048, *, head_chunk_rows=4
         return Delivery(seed, features, batch)
 
     return worker, delivery
+
+
+class FakeDevice:
+    """One CUDA device as memory.py reads it: its total, what its allocator has reserved, and what lies outside the
+    allocator (context, libraries, other processes); the fraction memory.py sets is kept."""
+
+    def __init__(self, monkeypatch, *, total, outside, reserved=0.0):
+        self.total, self.outside, self.reserved, self.fraction = total, outside, reserved, 1.0
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index=None: (self.total - self.outside - self.reserved,
+                                                                             self.total))
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index=None: self.reserved)
+        monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index=None: self.fraction)
+        monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", self._set)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        from draftline.distributed import memory
+
+        monkeypatch.setattr(memory, "_BUDGETS", {})  # no card left from another test
+
+    def _set(self, fraction, index=None):
+        assert 0 < fraction <= 1
+        self.fraction = fraction
+
+    @property
+    def cap(self) -> float:
+        return self.fraction * self.total

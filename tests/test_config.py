@@ -300,6 +300,8 @@ RANGES = {
     "auto, shard or replicate": {"topology.drafter_state"},
     "auto, cuda or cpu": {"topology.device"},
     "auto, flex, flash or dense": {"engine.attention"},
+    "none, cheap or mlp": {"engine.recompute"},
+    "fp32 or bf16": {"optim.moments"},
 }
 
 
@@ -460,4 +462,4 @@ def test_plan_takes_the_train_options_it_shares_from_their_fields():
         assert f"(train's [{section}] {name}" in action.help, flag
         assert action.default == getattr(sections()[section](), name) and action.metavar, flag
         shared += 1
-    assert shared == 9
+    assert shared == 12

@@ -149,6 +149,12 @@ class OptimConfig:
     (warmup and cosine over the share of the time spent, where that is further along than the steps),
     so a run the clock ends is annealed to the floor like a whole run; set it for a fixed time on the
     machines (a reservation, a demo). None = no time limit: the steps alone."""
+    moments: str = opt("fp32", "--moments", check=OneOf(("fp32", "bf16")))
+    """AdamW's two moments in fp32 (torch's fused AdamW: the exact update) or bf16, rounded stochastically: 4
+    bytes less per trained weight and moment (-3.9 GiB for the Qwen3-8B shape's drafter: 14.97 GiB against
+    18.88 GiB peak for a 3,072-token step on an H200, 153 ms against 152), not the exact update (the quick
+    demo's tau 1.808 against 1.788, one seed: docs/benchmarks/2026-12-drafter-memory.md). A resume keeps
+    the checkpoint's: a run is resumed with the moments it was saved with."""
     max_bad_steps: int = opt(20, "--max-bad-steps", metavar="STEPS", check=POSITIVE)
     """Consecutive optimizer steps with a non-finite loss or gradient (each skipped, not applied)
     after which training stops with an error; raise it only to ride out a known bad stretch of data."""
@@ -268,6 +274,13 @@ class EngineConfig:
     max_query_rows: int = opt(32768, "--max-query-rows", metavar="ROWS")
     """Block rows (anchors x block_size) per drafter pass; a batch with more runs in several passes.
     Lower it when the drafter runs out of memory (preflight names the largest that fits)."""
+    recompute: str = opt("cheap", "--recompute", check=OneOf(("none", "cheap", "mlp")))
+    """What the drafter's compiled layers recompute in backward instead of keeping (CUDA, compiled):
+    'cheap' (norms, SwiGLU product, weight casts: only matrix products' outputs kept; 771 MiB a layer kept
+    instead of 1,460 at the Qwen3-8B shape and 8,192 query rows; 152 ms against 148 ms for a 3,072-token step
+    on an H200: docs/benchmarks/2026-12-drafter-memory.md), 'mlp' (also the MLP's gate and up projections: two
+    more matmuls a layer in backward, 0.375 GiB a layer less at that shape by the accounting, not measured) or
+    'none' (what the compiler's partitioner keeps). Whole layers instead: --activation-checkpointing."""
     activation_checkpointing: bool = opt(False, "--activation-checkpointing")
     """Recompute the drafter's layers in backward instead of keeping their activations: less memory,
     about 1/3 more drafter compute. Turn it on when the drafter runs out of memory at the token budget you want."""
@@ -282,8 +295,11 @@ class EngineConfig:
     """GiB of GPU memory that preflight keeps free (allocator fragmentation, library updates). Raise it
     if a run that passed preflight still runs out of memory."""
     gpu_memory_gib: float | None = opt(None, "--gpu-memory-gib", metavar="GIB", check=POSITIVE)
-    """Use at most this many GiB of each GPU (torch.cuda.set_per_process_memory_fraction): to share a GPU with
-    other work, or to try a smaller GPU's sizes on a larger one; None = all of it."""
+    """The device memory of each GPU this run may use in all, as CUDA and nvidia-smi count it: torch's allocator
+    capped to it less what lies outside the allocator (CUDA context, libraries, NCCL, other processes: measured
+    at start and after preflight's warm-up). To try a smaller GPU on a larger one, give the capacity torch
+    reports for it (e.g. 94.97 for the RTX PRO 6000 Blackwell, 79.11 for the H100 80GB: `draftline plan --gpu`'s
+    table); or to leave room on a shared GPU. None = all of it."""
     trace: bool = opt(False, "--trace")
     """Write RUN_DIR/trace/: each step's loss, and the batches and samples each drafter trained
     (audits, tests). Small files; off by default."""

@@ -89,3 +89,41 @@ def test_a_checkpoint_whose_schedule_held_the_clock_resumes_with_it(qwen3_target
            group=None, step=4, next_seq=8)
     assert (progress2.step, progress2.tokens, progress2.clock, scheduler2.clock) == (4, 9, 0.6, 0.6)
     wait_for_checkpoint()
+
+
+def test_bf16_moments_are_saved_and_resumed_as_bf16(qwen3_target, tmp_path):
+    """optim.moments = bf16: the checkpoint (torch.distributed.checkpoint's files) holds the moments in bf16 and
+    a resume with the same setting gets them back bit for bit, still bf16; the run's config carries the setting,
+    so a resume that asks for the other dtype is refused with the flag that continues it."""
+    from draftline.pipeline.spec import refuse_changed_moments
+
+    config = OptimConfig(moments="bf16")
+
+    def run():
+        drafter, _, _, progress = _run(qwen3_target)
+        optimizer = build_optimizer(drafter, config)
+        return drafter, optimizer, build_scheduler(optimizer, config, 10, progress), progress
+
+    drafter, optimizer, scheduler, progress = run()
+    for tokens in (100, 70):
+        _step(drafter, optimizer, scheduler, progress, tokens=tokens)
+    manager = CheckpointManager(tmp_path, drafter=drafter, optimizer=optimizer, keep=1,
+                                config={"optim": {"moments": "bf16"}}, states={"progress": progress, "scheduler": scheduler},
+                                policy=CheckpointPolicy(every_steps=2, every_minutes=0, total_steps=10), group=None)
+    path = manager.save(wait=True)
+    again, optimizer2, scheduler2, progress2 = run()
+    resume(path, drafter=again, optimizer=optimizer2, states={"progress": progress2, "scheduler": scheduler2},
+           group=None, step=2, next_seq=4)
+    saved, loaded = list(optimizer.state.values()), list(optimizer2.state.values())
+    assert len(saved) == len(loaded) > 0
+    for a, b in zip(saved, loaded):
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert b[key].dtype == torch.bfloat16 and torch.equal(a[key], b[key])
+    from draftline.checkpoint.state import read_trainer_state
+
+    assert read_trainer_state(path).config["optim"]["moments"] == "bf16"
+    refuse_changed_moments(str(path), "bf16", "bf16")
+    refuse_changed_moments(str(path), None, "fp32")  # written before the option: fp32
+    with pytest.raises(DraftlineError, match="its AdamW moments are bf16 .* resume with --moments bf16"):
+        refuse_changed_moments(str(path), "bf16", "fp32")
+    wait_for_checkpoint()

@@ -18,9 +18,11 @@ from draftline.checkpoint.state import latest_checkpoint
 from draftline.cli import main
 from draftline.distributed import memory
 from draftline.distributed.memory import OutOfMemoryContext, describe_out_of_memory, memory_limit
+from draftline.errors import DraftlineError
 from draftline.model.target import TargetFeatures
 from draftline.objective.loss import DFlashObjective
 from draftline.pipeline.drafter_worker import DrafterWorker
+from helpers import FakeDevice
 from line_helpers import base_args, read_jsonl, write_dataset
 
 GIB = 2**30
@@ -46,6 +48,47 @@ def test_the_limit_read_from_the_device_is_the_process_share(monkeypatch):
     _fake_cuda(monkeypatch, total=140 * GIB, fraction=1.0, free=30 * GIB, reserved=10 * GIB)
     shared = memory_limit(cuda, 2.0)  # other processes hold 100 GiB
     assert shared.usable == 40 * GIB and "30.0 GiB free on the device + 10.0 GiB this process holds" in shared.describe()
+
+
+H200 = 139.81 * GIB  # cudaMemGetInfo's total on an H200
+SEEDS_CARD = 94.97  # the RTX PRO 6000 Blackwell as torch reports it
+
+
+def test_the_card_bounds_the_whole_device_not_the_allocator_alone(monkeypatch):
+    """--gpu-memory-gib 94.97 on an H200: the allocator is capped to the card less what lies outside it (CUDA's
+    context), so that the device's use as CUDA counts it stays within the card; as the outside grows (kernels
+    loaded, another process), a refresh moves the cap down by as much."""
+    device = FakeDevice(monkeypatch, total=H200, outside=0.5 * GIB)
+    budget = memory.cap_device(0, SEEDS_CARD)
+    assert budget.outside == 0.5 * GIB and device.cap == pytest.approx(SEEDS_CARD * GIB - 0.5 * GIB)
+    assert budget.describe() == ("94.97 GiB of the device in all (--gpu-memory-gib) - 0.50 GiB outside the allocator "
+                                 "(CUDA context, libraries, other processes) = 94.47 GiB for the allocator")
+    device.reserved = device.cap  # the allocator at its cap: the device in use is exactly the card
+    assert device.outside + device.reserved == pytest.approx(SEEDS_CARD * GIB)
+    # kernels loaded, workspaces made, another process with 200 MB: the allocator reserves less
+    device.reserved, device.outside = 10 * GIB, 0.5 * GIB + 0.55 * GIB + 200 * 2**20
+    limit = memory_limit(torch.device("cuda", 0), 2.0)
+    assert device.cap == pytest.approx(SEEDS_CARD * GIB - device.outside)
+    assert limit.usable == pytest.approx(device.cap) and limit.limit == pytest.approx(device.cap - 2 * GIB)
+    assert ("this process may use (--gpu-memory-gib 94.97 of the device less 1.25 GiB outside the allocator: CUDA "
+            "context, libraries, other processes) - 2.0 GiB headroom") in limit.describe()
+    # an out-of-memory message quotes the card without moving it
+    fraction = device.fraction
+    device.outside += 5 * GIB
+    assert "--gpu-memory-gib 94.97" in memory_limit(torch.device("cuda", 0), 0.0, refresh=False).describe()
+    assert device.fraction == fraction
+
+
+def test_a_card_that_cannot_be_had_is_refused(monkeypatch):
+    FakeDevice(monkeypatch, total=H200, outside=0.5 * GIB)
+    with pytest.raises(DraftlineError, match=r"--gpu-memory-gib 150: the device has only 139.81 GiB"):
+        memory.cap_device(0, 150)
+    device = FakeDevice(monkeypatch, total=H200, outside=60 * GIB)  # other processes hold 60 GiB
+    with pytest.raises(DraftlineError, match=r"60.00 GiB of the device are already in use outside this process's "
+                                             r"allocator .* free the GPU"):
+        memory.cap_device(0, 60.3)
+    assert device.fraction == 1.0
+    assert memory.device_budget(1) is None
 
 
 def _context(device):
@@ -338,3 +381,69 @@ def test_gpu_a_sigterm_as_the_memory_runs_out_ends_the_run(gpu_line, tmp_path):
     assert code in (0, 1), text[-3000:]
     assert "Traceback" not in text, text[-3000:]
     assert ("out of GPU memory" in text) if code == 1 else ("continue with the same command and --resume" in text)
+
+
+HOG = """
+import sys, torch
+held = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda")
+free, total = torch.cuda.mem_get_info()
+print(f"HELD {total - free}", flush=True)
+sys.stdin.read()  # until the test closes it
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600, method="thread")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_memory_taken_after_the_plan_is_caught_at_start(gpu_line, tmp_path):
+    """The +200 MB day on a real GPU. A tiny line measures its worst case under a generous card; the card is then
+    set to what it needs plus 150 MB, and it trains. Another process then takes 200 MB of the device (and its own
+    CUDA context): the same command is refused by preflight at start, naming sizes that fit, and never runs out of
+    memory at its first optimizer step; the sizes it names train with the other process still there."""
+    import json
+    import subprocess
+    import sys
+
+    from draftline.sizing.preflight import suggested_flags
+
+    target, data = gpu_line
+
+    def args(out, *extra):
+        return [*_gpu_args(target, data, out, max_steps=2)[:-1], "--memory-headroom-gib", "0.25", "--no-compile",
+                *extra]
+
+    code, text, _ = _gpu_child("plain", args(tmp_path / "plan", "--gpu-memory-gib", "24"), limit_s=180)
+    assert code == 0, text[-3000:]
+    record = json.loads((tmp_path / "plan" / "preflight" / "rank-0.json").read_text())["drafter"]
+    assert record["whole"] == 24 * GIB and 0 < record["outside"] < 4 * GIB  # the card, measured after the warm-up
+    need = record["peak_bytes"] + record["outside"] + record["headroom"]
+    card = f"{(need + 150 * 2**20) / GIB:.3f}"
+    code, text, _ = _gpu_child("plain", args(tmp_path / "fits", "--gpu-memory-gib", card), limit_s=180)
+    assert code == 0 and "out of GPU memory" not in text, text[-3000:]
+
+    hog = subprocess.Popen([sys.executable, "-c", HOG, str(200 * 2**20)], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        held = hog.stdout.readline()
+        assert held.startswith("HELD "), held
+        code, text, _ = _gpu_child("plain", args(tmp_path / "day", "--gpu-memory-gib", card), limit_s=180)
+        assert code != 0 and "out of GPU memory" not in text and "Traceback" not in text, text[-3000:]
+        refusal = next(line for line in text.splitlines() if "preflight: the " in line)
+        assert "outside the allocator" in refusal, refusal
+        assert not list((tmp_path / "day").glob("checkpoints/step-*")), "a step was trained"
+        fix = suggested_flags(refusal)
+        assert fix, refusal
+        # The fix is read off preflight's fit (trusted within 0.25 GiB + 2%): at the edge of a card this small a
+        # second refusal may name a smaller one. Either way: refused at start or trained, never out of memory.
+        for attempt in range(2):
+            code, text, _ = _gpu_child("plain", args(tmp_path / f"fixed-{attempt}", "--gpu-memory-gib", card, *fix),
+                                       limit_s=180)
+            assert "out of GPU memory" not in text and "Traceback" not in text, text[-3000:]
+            refusal = next((line for line in text.splitlines() if "preflight: the " in line), None)
+            if code == 0 or refusal is None:
+                break
+            fix = suggested_flags(refusal)
+        assert code == 0, text[-3000:]
+    finally:
+        hog.stdin.close()
+        hog.wait(timeout=30)

@@ -25,7 +25,8 @@ def train_record(step, t, **extra):
               "tf_acceptance": 1 + 0.1 * step, "lr": 6e-4, "grad_norm": None, "ktok_s": 20.0 + step,
               "samples_s": 7.0, "tflops": 300.0, "mfu": 0.4, "q_pre": [3, 5], "q_hs": step % 4,
               "target_wait": 0.1, "drafter_wait": 0.02,
-              "gpus": [{"rank": 0, "role": "target", "name": "H200", "mem_used_gib": 60 + step, "mem_total_gib": 140, "util": 0.9},
+              "gpus": [{"rank": 0, "role": "target", "name": "H200", "mem_used_gib": 60 + step, "mem_total_gib": 140, "util": 0.9,
+                        "mem_allocated_gib": 55.0 + step, "mem_budget_gib": 94.97},
                        {"rank": 1, "role": "drafter", "name": "H200", "mem_used_gib": 80.0, "mem_total_gib": 140, "util": 0.8}]}
     record.update(extra)
     return record

@@ -14,8 +14,8 @@ def test_cpu_device_gives_n_a():
     assert stats.name == "cpu"
     assert stats.memory_text() == "n/a" and stats.util_text() == "n/a"
     assert stats.to_record() == {"rank": None, "role": None, "name": "cpu", "mem_used_gib": None,
-                                 "mem_total_gib": None, "util": None, "sm_mhz": None, "max_sm_mhz": None,
-                                 "power_w": None, "clock_reasons": None}
+                                 "mem_total_gib": None, "mem_allocated_gib": None, "mem_budget_gib": None, "util": None,
+                                 "sm_mhz": None, "max_sm_mhz": None, "power_w": None, "clock_reasons": None}
     assert stats.clock_text() == "n/a"
 
 
@@ -34,6 +34,11 @@ def test_formatting():
     stats.sm_mhz, stats.clock_reasons = 1980.0, []
     assert stats.clock_text() == "1,980/1,980 MHz"
     assert GpuStats(**stats.to_record()).clock_text() == "1,980/1,980 MHz"  # a peer's record rebuilds it
+    # the allocator's peak beside the device's use; with --gpu-memory-gib, the device's use of that card
+    stats.mem_allocated_gib = 55.04
+    assert stats.memory_text() == "61.2/139.8 GiB, 55.0 allocated"
+    stats.mem_budget_gib = 94.97
+    assert stats.memory_text() == "61.2/94.97 GiB card, 55.0 allocated"
 
 
 def test_reason_names_leave_idle_out():
@@ -45,6 +50,10 @@ class _Memory:
     used, total = 61 * 2**30, 140 * 2**30
 
 
+class _MemoryV2:  # NVML's second call: the driver's reserve apart
+    used, total, reserved = 61 * 2**30, 140.4 * 2**30, 0.6 * 2**30
+
+
 class _Util:
     gpu = 97
 
@@ -52,11 +61,13 @@ class _Util:
 class FakeNvml:
     NVML_CLOCK_SM, NVML_TEMPERATURE_GPU = 1, 0
 
-    def __init__(self, clock_fails=False):
+    def __init__(self, clock_fails=False, v2=False):
         self.clock_fails = clock_fails
+        if v2:
+            self.nvmlMemory_v2 = 0x2000028
 
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        return _Memory()
+    def nvmlDeviceGetMemoryInfo(self, handle, version=None):
+        return _MemoryV2() if version == getattr(self, "nvmlMemory_v2", None) and version else _Memory()
 
     def nvmlDeviceGetUtilizationRates(self, handle):
         return _Util()
@@ -90,6 +101,15 @@ def test_nvml_stats_carry_the_clock(monkeypatch, clock_fails):
     else:
         assert stats.clock_text() == "1,620/1,980 MHz, power cap, thermal (software)"
         assert stats.to_record()["power_w"] == 699.5
+
+
+def test_nvml_memory_as_cuda_counts_it(monkeypatch):
+    """Where NVML reports the driver's reserve apart (its second call), it is left out of the used and the total
+    figures, as cudaMemGetInfo and torch's capacity leave it out; the first call is the fallback."""
+    monkeypatch.setattr(gpu_module, "nvml_module", lambda: FakeNvml(v2=True))
+    monkeypatch.setattr(gpu_module, "nvml_handle", lambda nvml, index: "gpu0")
+    assert gpu_module._nvml_stats(0, "NVIDIA H200").memory_text() == "61.0/139.8 GiB"
+    assert gpu_module.nvml_memory(FakeNvml(), "gpu0") == (61 * 2**30, 140 * 2**30)
 
 
 @pytest.mark.gpu

@@ -156,3 +156,28 @@ def test_accumulate_makes_no_host_device_sync():
     worker.read_record()
     assert worker.progress.skipped_steps == 1
     assert all(torch.equal(a, p) for a, p in zip(before, worker.params))
+
+
+def test_the_engine_options_reach_the_drafter(monkeypatch, qwen3_target):
+    """engine.recompute goes to the compiled halves (compile_drafter's mode); activation checkpointing marks
+    whole layers first; optim.moments chooses the optimizer."""
+    from draftline.config import EngineConfig, OptimConfig
+    from draftline.model import fused
+    from draftline.model.config import build_drafter_config
+    from draftline.model.drafter import DFlashDrafter
+    from draftline.model.target import load_target_config
+    from draftline.pipeline.build import apply_engine
+    from draftline.pipeline.optim import AdamWBf16Moments, build_optimizer
+
+    seen = []
+    monkeypatch.setattr(fused, "compile_drafter", lambda drafter, recompute: seen.append(
+        (recompute, [getattr(layer, "checkpointed", False) for layer in drafter.layers])))
+    config = build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=2, block_size=4)
+    for engine, compiles in ((EngineConfig(), True), (EngineConfig(recompute="mlp"), True),
+                             (EngineConfig(recompute="none", activation_checkpointing=True), True),
+                             (EngineConfig(recompute="mlp"), False)):
+        apply_engine(DFlashDrafter(config), engine, compiles)
+    assert seen == [("cheap", [False, False]), ("mlp", [False, False]), ("none", [True, True])]
+    drafter = DFlashDrafter(config)
+    assert isinstance(build_optimizer(drafter, OptimConfig()), torch.optim.AdamW)
+    assert isinstance(build_optimizer(drafter, OptimConfig(moments="bf16")), AdamWBf16Moments)

@@ -172,3 +172,9 @@ def test_a_resume_is_refused_when_the_run_resolves_another_drafter_than_the_chec
     same = ModelSpec.from_configs(model.target_config, saved)  # the checkpoint's drafter: the resume goes on
     spec, _ = resolve_run(config, same, role, DistEnv(), torch.device("cpu"), setup)
     assert spec.start_step == 3
+    # a checkpoint saved with bf16 AdamW moments continues with them only
+    bf16 = RunSetup("resume", str(checkpoint), 3, str(line_data), 1, 1, True, moments="bf16")
+    with pytest.raises(DraftlineError, match="resume with --moments bf16"):
+        resolve_run(config, same, role, DistEnv(), torch.device("cpu"), bf16)
+    config.optim.moments = "bf16"
+    assert resolve_run(config, same, role, DistEnv(), torch.device("cpu"), bf16)[0].start_step == 3

@@ -10,7 +10,10 @@ import pytest
 
 from draftline.cli import main
 from draftline.sizing.flops import DrafterShape, TargetShape
-from draftline.sizing.memory_estimate import MemoryInputs, colocated_memory, drafter_memory, target_memory, trained_params
+from draftline.sizing.memory_estimate import (
+    FRAGMENTATION, NCCL_GIB, OUTSIDE_ALLOCATOR_GIB, TARGET_ROW_SHARE, MemoryInputs, colocated_memory, drafter_memory,
+    target_memory, trained_params,
+)
 from draftline.sizing.plan import (
     MEASURED_MFU, Hardware, RoleRates, colocated_rate, drafter_seconds_per_sample, estimate_rates, per_sample_flops,
     plan_layouts, shard_traffic_bytes, splits,
@@ -51,16 +54,26 @@ def test_memory_model_by_hand_and_what_sharding_divides():
     target, drafter = _shapes()
     memory = target_memory(target, layers_run=2, token_budget=1000, num_feature_layers=2, queued_batches=1)
     assert memory.weights * GIB == 2 * (2 * LAYER + 2 * 1000 * 1024)  # bf16, embedding and head included
-    assert memory.buffers * GIB == 2 * 1000 * 2 * 1024 * 2  # this batch's features and one queued
-    trained = LAYER + 2 * 1024 * 1024  # one layer + fc
+    assert memory.buffers * GIB == 2 * 1000 * 2 * 1024 * 2  # the batch its pass builds and one queued
+    widest = LAYER / 1024 + 4 * 1024  # a row's columns in its widest layer
+    assert memory.activations * GIB == pytest.approx(TARGET_ROW_SHARE["dense"] * 1000 * widest * 2)
+    # the device: the allocator's peak, what it reserves above it, what lies outside it (one GPU: no NCCL)
+    assert memory.total == pytest.approx(memory.allocated + OUTSIDE_ALLOCATOR_GIB)
+    assert memory.device == pytest.approx(memory.allocated * (1 + FRAGMENTATION) + OUTSIDE_ALLOCATOR_GIB)
+    norms = 2 * 1024 + 2 * 128
+    trained = LAYER + norms + 2 * 1024 * 1024 + 2 * 1024  # one layer, its norms, fc and the final norm
     assert trained_params(drafter) == trained
     d = drafter_memory(drafter, token_budget=1000, max_query_rows=64, queued_batches=0)
-    assert d.optimizer * GIB == 8 * trained and d.weights * GIB == 8 * trained + 2 * 2 * 1000 * 1024
+    assert d.optimizer * GIB == 8 * trained and d.weights * GIB == 4 * trained + 2 * 2 * 1000 * 1024
+    assert d.gradients * GIB == 4 * trained  # 1,000 tokens can make more than 64 rows: a later pass holds them
+    bf16 = drafter_memory(drafter, token_budget=1000, max_query_rows=64, queued_batches=0, moments="bf16")
+    assert bf16.optimizer == d.optimizer / 2
     four = drafter_memory(drafter, token_budget=1000, max_query_rows=64, queued_batches=0, num_shards=4,
                           frozen_weights=False)
-    # a quarter of the 16 bytes per trained weight, two layers' bf16 weights gathered, no embedding and head
-    assert four.optimizer * GIB == 2 * trained and four.weights * GIB == 2 * trained + 2 * 2 * LAYER
-    assert four.activations == d.activations
+    # a quarter of the 16 bytes per trained weight, two layers' bf16 weights and fc gathered, no embedding and head
+    assert four.optimizer * GIB == 2 * trained and four.gradients * GIB == trained
+    assert four.weights * GIB == trained + 2 * 2 * (LAYER + norms) + 2 * 2 * 1024 * 1024
+    assert four.total - four.allocated == OUTSIDE_ALLOCATOR_GIB + NCCL_GIB  # several GPUs: NCCL's too
 
 
 def test_rates_come_from_the_flop_counter_at_the_measured_mfus():
@@ -120,7 +133,7 @@ def test_plan_for_qwen3_6_27b_on_8_rtx_pro_6000(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["plan", "--target", str(target), "--gpus", "8", "--gpu", "RTX PRO 6000", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "8 x NVIDIA RTX PRO 6000 Blackwell: 504 TFLOP/s dense bf16, 96 GiB each" in printed
+    assert "8 x NVIDIA RTX PRO 6000 Blackwell: 504 TFLOP/s dense bf16, 94.97 GiB each (torch's out-of-memory" in printed
     assert "runs 62 (47 linear attention, 15 full attention)" in printed
     assert "drafter: 5 layers, 32 heads x 128 (8 KV)" in printed
     plan = json.loads(out.read_text())
@@ -131,7 +144,11 @@ def test_plan_for_qwen3_6_27b_on_8_rtx_pro_6000(tmp_path, capsys):
     assert {l["target_parallel"] for l in plan["layouts"]} == {1, 2, 4}
     best = plan["recommended"]
     assert best["target_parallel"] == 1
-    assert best["fits"] and max(best["memory_gib"].values()) <= 94 and best["ktok_s"] >= 22
+    # the card's whole capacity as torch reports it, less preflight's 2 GiB headroom: allocated and outside the allocator
+    assert best["fits"] and max(best["memory_gib"].values()) <= 94.97 - 2 and best["ktok_s"] >= 22
+    gpu = best["memory_components_gib"]["gpu"]
+    assert gpu["total"] == max(best["memory_gib"].values()) and gpu["total"] >= gpu["allocated"] + 1.0  # + outside
+    assert gpu["parts"]["target weights (bf16, 64 layers, embedding and LM head)"] == pytest.approx(50.1, abs=0.05)
     assert best["command"].startswith("draftline train --gpus 8 ")
     assert [a["max_anchors"] for a in plan["anchors"]] == [128, 256, 512]
     speeds = [a["ktok_s"] for a in plan["anchors"]]

@@ -64,7 +64,9 @@ def test_changes_since_the_last_start():
 @pytest.fixture()
 def cpu_line(qwen3_target, tmp_path, monkeypatch):
     monkeypatch.setattr(preflight, "SMALL_TOKENS", 1024)  # the GPU sizes / 8: seconds on CPU
-    monkeypatch.setattr(preflight, "DOC_TOKENS", 256)
+    from draftline.sizing import workload
+
+    monkeypatch.setattr(workload, "DOC_TOKENS", 256)
     config = TrainConfig()
     config.data.token_budget = 8192
     config.engine.max_query_rows = 1024
@@ -260,6 +262,37 @@ def test_a_resume_says_what_changed(cpu_line, counter, monkeypatch, capsys):
     assert "free device memory 204.0 GiB -> 124.0 GiB" in printed and "token_budget 2048 -> 1024" in printed
 
 
+# ---------------------------------------------------------------- the +200 MB day, with the device's readings faked
+def test_memory_taken_after_the_plan_is_seen_at_start(cpu_line, counter, monkeypatch):
+    """The seeds' worst day: a configuration planned to fit the card by 100 MB, then 200 MB of the device taken
+    by something else (a larger library, another process). With --gpu-memory-gib the card's whole use is
+    bounded, so preflight's limit moves down by what lies outside the allocator now: the run is refused at start
+    with the rows that fit, and those rows fit what is left; it never reaches its first optimizer step."""
+    from draftline.distributed import memory
+    from helpers import FakeDevice
+
+    spec, _, worker = cpu_line
+    spec = _split(spec)
+    headroom = spec.config.engine.memory_headroom_gib * GIB
+    need = DRAFTER_LAW(8192, 1024)  # the worst case at the configured sizes
+    device = FakeDevice(monkeypatch, total=139.81 * GIB, outside=0.75 * GIB)
+    card = (need + 0.75 * GIB + headroom + 100 * 2**20) / GIB  # the plan: fits the card by 100 MB
+    memory.cap_device(torch.device("cpu"), card)
+    assert preflight.preflight_drafter(spec, worker, "rank 0 (test)").peak == pytest.approx(need)
+
+    device.outside += 200 * 2**20  # after the plan: 200 MB more outside this process's allocator
+    counter["calls"].clear()
+    with pytest.raises(DraftlineError) as info:
+        preflight.preflight_drafter(spec, worker, "rank 0 (test)")
+    message = str(info.value)
+    assert (8192, 1024) not in counter["calls"]  # refused from the fit, before any pass at the configured size
+    assert f"--gpu-memory-gib {card:g} of the device less 0.95 GiB outside the allocator" in message, message
+    rows = int(re.search(r"--max-query-rows (\d+) \(at --token-budget 8192\)", message).group(1))
+    assert rows < 1024 and device.cap == pytest.approx(card * GIB - device.outside)
+    spec.config.engine.max_query_rows = rows  # the fix it names fits what is left of the card
+    assert preflight.preflight_drafter(spec, worker, "rank 0 (test)").peak <= device.cap - headroom
+
+
 # ---------------------------------------------------------------- on a GPU, measured for real
 def _gpu_line(tmp_path, budget, rows=2048):
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -305,3 +338,34 @@ def test_gpu_a_budget_that_fits_is_accepted_and_one_that_does_not_is_refused(tmp
         preflight.preflight_target(spec, target, "rank 0 (gpu test)")
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def test_the_fix_a_refusal_names_as_flags():
+    """What a script or a test reruns with: the refusal's first fix, as flags."""
+    from draftline.sizing.preflight import suggested_flags
+
+    rows = ("preflight: the drafter (rank 0) needs 93.1 GiB for its worst case (--token-budget 16,384, --max-query-rows "
+            "8,192, colocated with the target); limit 92.0 GiB. The largest that fit: --max-query-rows 7168 (at "
+            "--token-budget 16384) or --token-budget 14080 (at --max-query-rows 8192) or --activation-checkpointing")
+    assert suggested_flags(rows) == ["--max-query-rows", "7168"]
+    assert suggested_flags("needs 61.0 GiB at --token-budget 32,768 with q_hs 8; ... pass --token-budget 30208, or "
+                           "lower --q-hs") == ["--token-budget", "30208"]
+    assert suggested_flags("The largest that fit: --activation-checkpointing") == ["--activation-checkpointing"]
+    assert suggested_flags("something else") == []
+
+
+def test_the_model_stands_beside_the_measurement(cpu_line, counter, monkeypatch, capsys):
+    """Preflight prints and records the memory model's prediction of the worst case it measures; a spec the model
+    cannot read gives no prediction and changes nothing else."""
+    spec, target, worker = cpu_line
+    _limit(monkeypatch, 100 * GIB)
+    result = preflight.preflight_target(spec, target, "rank 0 (test)")
+    drafter = preflight.preflight_drafter(spec, worker, "rank 0 (test)", result)
+    for measured in (result.measured, drafter.measured):
+        model = measured["model"]
+        assert model["allocated_gib"] > 0 and model["total_gib"] > model["allocated_gib"]
+        assert sum(model["parts"].values()) == pytest.approx(model["allocated_gib"], abs=0.01)
+    assert any("target weights" in name for name in drafter.measured["model"]["parts"])  # colocated: with its target
+    printed = capsys.readouterr().out
+    assert printed.count("the memory model said") == 2
+    assert preflight.model_prediction(dataclasses.replace(spec, model=None), "drafter") is None

@@ -7,7 +7,7 @@ import torch
 
 from draftline.sizing.workload import (
     DOC_TOKENS, MAX_LENGTH, MEAN_LENGTH, MIN_LENGTH, fill_budget, lognormal_lengths, packed_batch, reference_lengths,
-    sampled_batches, worst_case_batch,
+    sampled_batches, worst_case_anchors, worst_case_batch,
 )
 
 
@@ -47,4 +47,10 @@ def test_sampled_batches_draw_from_the_lengths_given():
 def test_preflights_worst_case_is_documents_of_doc_tokens_every_token_trained():
     batch = worst_case_batch(2 * DOC_TOKENS + 100, vocab=1000)
     assert batch.doc_lengths.tolist() == [DOC_TOKENS, DOC_TOKENS, 100]
+    # its anchors: late in each document, one block from its end at the latest, spread over the documents
+    anchors = worst_case_anchors(2 * DOC_TOKENS + 100, 60, 16)
+    assert len(anchors) == 60 and len(set(anchors.tolist())) == 60
+    doc = torch.bucketize(anchors, torch.tensor([DOC_TOKENS, 2 * DOC_TOKENS]), right=True)
+    ends = torch.tensor([DOC_TOKENS, 2 * DOC_TOKENS, 2 * DOC_TOKENS + 100])[doc]
+    assert bool((anchors <= ends - 17).all()) and set(doc.tolist()) == {0, 1, 2}
     assert bool(batch.loss_mask.all())

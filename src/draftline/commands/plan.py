@@ -32,7 +32,7 @@ from draftline.model.config import text_config
 from draftline.model.target_parallel import check_group_size, group_sizes
 from draftline.pipeline.spec import ModelSpec
 from draftline.sizing.memory_estimate import MemoryInputs
-from draftline.sizing.peak import format_flops, known_gpus
+from draftline.sizing.peak import format_flops, gpu_spec, known_gpus
 from draftline.sizing.plan import (
     ANCHOR_SWEEP, MEASURED_MFU, estimate_rates, group_rates, hardware_for, measure_rates, passes_per_sample,
     per_sample_flops, plan_layouts, target_mfu, with_anchors,
@@ -56,7 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     node.add_argument("--gpus", type=int, help="GPUs of the node (default: this node's count, else 8)")
     node.add_argument("--gpu", help='plan for this GPU by name, from the spec table (e.g. "H200", "RTX PRO 6000"); '
                                     "default: this machine's GPU, else an H200")
-    node.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU in GiB, for a GPU not in the spec table (default: --gpu's)")
+    node.add_argument("--gpu-memory-gib", type=float,
+                      help="memory of one GPU in GiB as torch reports it (its whole capacity, CUDA's context included; "
+                           "train's --gpu-memory-gib simulates such a card), for a GPU not in the spec table "
+                           "(default: --gpu's)")
     node.add_argument("--gpu-peak-tflops", type=float, help="dense bf16 peak of one GPU in TFLOP/s (default: --gpu's)")
     node.add_argument("--link-gbs", type=float,
                       help="collective bandwidth between the GPUs in GB/s, what sharded drafters move their state over "
@@ -73,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_field_argument(sizes, "engine", "max_query_rows", own_help="block rows per drafter pass asked for")
     add_field_argument(sizes, "topology", "q_hs", own_help="feature batches the hidden-state queue holds")
     add_field_argument(sizes, "engine", "memory_headroom_gib", own_help="GiB per GPU kept free, as preflight")
+    add_field_argument(sizes, "engine", "head_chunk_rows", own_help="rows of logits the LM head makes at once, as train")
+    add_field_argument(sizes, "engine", "recompute", own_help="what the drafter's layers recompute in backward, as train")
+    add_field_argument(sizes, "optim", "moments", own_help="AdamW's moments in fp32 or bf16, as train")
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, help="also write every layout and the recommendation to this JSON file")
 
@@ -141,8 +147,6 @@ def run(args: argparse.Namespace) -> int:
     if num_gpus < 1:
         raise DraftlineError("--gpus must be at least 1")
     if args.gpu and args.gpu_memory_gib is None and args.gpu_peak_tflops is None:
-        from draftline.sizing.peak import gpu_spec
-
         if gpu_spec(args.gpu) is None:
             names = ", ".join(f'"{g.name}"' for g in known_gpus())
             raise DraftlineError(f"--gpu {args.gpu!r} is not in the spec table ({names}); "
@@ -159,8 +163,10 @@ def run(args: argparse.Namespace) -> int:
         if args.measure and args.target_parallel > 1:
             raise DraftlineError("--measure times a whole target on this machine's one GPU; plan --target-parallel "
                                  f"{args.target_parallel} from the FLOP model (drop --measure)")
+    spec = gpu_spec(args.gpu or hardware.name) if args.gpu_memory_gib is None else None
+    memory_source = spec.memory_source if spec is not None else "given"
     print(f"planning for {num_gpus} x {hardware.name}: {format_flops(hardware.peak_flops)}/s dense bf16, "
-          f"{hardware.memory_gib:.0f} GiB each, {hardware.link_gbs:.0f} GB/s between GPUs "
+          f"{hardware.memory_gib:.2f} GiB each ({memory_source}), {hardware.link_gbs:.0f} GB/s between GPUs "
           f"({link_kind(hardware.link_gbs)}; {hardware.link_source})")
     print(_describe_layers(model))
     mean_length = float(lengths.mean())
@@ -176,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"rates per GPU ({rates.source}): target {rates.target_samples_s:.2f} samples/s, "
           f"drafter {rates.drafter_samples_s:.2f} samples/s")
     inputs = MemoryInputs(model.target_shape, model.drafter_shape, model.layers_run,
-                          len(model.layer_ids) + int(model.distill), args.q_hs)
+                          len(model.layer_ids) + int(model.distill), args.q_hs, recompute=args.recompute,
+                          moments=args.moments, head_chunk_rows=args.head_chunk_rows)
     min_budget = int(lengths.max()) if args.data else 4096
 
     groups = _Groups(model, lengths, mean_length, hardware, t_flops)
@@ -203,8 +210,9 @@ def run(args: argparse.Namespace) -> int:
                 print("  " + groups.describe(k))
     if 1 in sizes and not any(layout.fits for layout in layouts if layout.target_parallel == 1):
         print("no layout fits with a whole target per GPU: a target group splits it")
-    print(f"\nlayouts of {num_gpus} GPUs, best first (memory per GPU at the largest budget that fits "
-          f"{hardware.memory_gib - args.memory_headroom_gib:.0f} GiB, up to --token-budget {args.token_budget}):")
+    print(f"\nlayouts of {num_gpus} GPUs, best first (memory per GPU: allocated at the worst case and outside the "
+          f"allocator, at the largest budget that fits {hardware.memory_gib - args.memory_headroom_gib:.2f} GiB, up to "
+          f"--token-budget {args.token_budget}):")
     print(f"  {'layout':<34} {'Ktok/s':>7}  {'budget':>7} {'rows':>6}  {'target GiB':>10} {'drafter GiB':>11}  who waits")
     shown = [layout for layout in layouts if layout.target_parallel == 1 or layout.fits]
     hidden = len(layouts) - len(shown)
@@ -236,7 +244,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nrecommended: {best.name()} at {best.ktok_s:.1f} Ktok/s ({best.samples_s:.2f} samples/s):\n  "
               + " ".join(command))
         _describe_memory(best, hardware)
-        record["recommended"] = {**best.to_record(), "command": " ".join(command)}
+        record["recommended"] = {**best.to_record(), "command": " ".join(command),
+                                 "memory_components_gib": _components(best)}
         record["anchors"] = _anchor_sweep(args, model, rates, lengths,
                                           lambda r, a: layouts_at(r, a, sizes=(best.target_parallel,)), best)
     if args.json:
@@ -248,18 +257,28 @@ def run(args: argparse.Namespace) -> int:
 def _describe_memory(layout, hardware) -> None:
     k = layout.target_parallel
     share = f"1/{k} of the target" if k > 1 else "its target"
-    if layout.colocated:
-        print(f"  memory per GPU: {layout.memory_target.describe()} ({share} and its 1/{layout.drafters} of the "
-              "drafter's state)")
-    else:
-        sender = f"; {share}, the outbox on the group's sending rank" if k > 1 else ""
-        print(f"  memory per target GPU: {layout.memory_target.describe()}{sender}")
-        print(f"  memory per drafter GPU: {layout.memory_drafter.describe()} (state sharded over {layout.drafters})")
+    memories = [("per GPU", layout.memory_target, f" ({share} and its 1/{layout.drafters} of the drafter's state)")]
+    if not layout.colocated:
+        sender = f" ({share}, the outbox on the group's sending rank)" if k > 1 else ""
+        memories = [("per target GPU", layout.memory_target, sender),
+                    ("per drafter GPU", layout.memory_drafter, f" (state sharded over {layout.drafters})")]
+    for who, memory, note in memories:
+        print(f"  memory {who}: {memory.describe()}{note}")
+        for name, kind, value in memory.table():
+            print(f"    {value:7.2f} GiB  {kind:<11} {name}")
     if k > 1:
         traffic = layout.to_record()["link_traffic"]
         print(f"  target groups of {k}: {traffic['gb_s_per_gpu']:.1f} GB/s per GPU over {link_kind(hardware.link_gbs)} "
               f"at this rate, {traffic['share_of_target_time']:.0%} of a group's time on the link "
               f"(assumed {hardware.link_gbs:.0f} GB/s, not overlapped with compute)")
+
+
+def _components(layout) -> dict:
+    """The recommended layout's memory per GPU by component (GiB), per role."""
+    roles = {"gpu": layout.memory_target} if layout.colocated else {"target": layout.memory_target,
+                                                                    "drafter": layout.memory_drafter}
+    return {role: {"allocated": round(m.allocated, 2), "total": round(m.total, 2), "device_uncapped": round(m.device, 2),
+                   "parts": {name: round(value, 3) for name, _, value in m.table()}} for role, m in roles.items()}
 
 
 class _Groups:

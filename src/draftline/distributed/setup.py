@@ -49,6 +49,7 @@ class RunSetup:
     batches_per_step: int | None = None  # the checkpoint's (None: a fresh start's, from the config)
     checkpoint_drafters: int | None = None  # how many drafters wrote the checkpoint
     balance_steps: bool | None = None  # the checkpoint's data.balance_steps (None: fresh, or written before the option)
+    moments: str | None = None  # the checkpoint's optim.moments (None: fresh, or written before the option: fp32)
 
 
 def resolve_data_dir(config: TrainConfig) -> Path:
@@ -82,7 +83,8 @@ def decide_setup(config: TrainConfig) -> RunSetup:
         return RunSetup(decision.mode, None, 0, str(data_dir))
     state = read_trainer_state(checkpoint)
     return RunSetup(decision.mode, str(checkpoint), state.step, str(data_dir), state.batches_per_step,
-                    state.num_drafters, state.config.get("data", {}).get("balance_steps"))
+                    state.num_drafters, state.config.get("data", {}).get("balance_steps"),
+                    state.config.get("optim", {}).get("moments"))
 
 
 def agree_on_setup(config: TrainConfig, rank: int, store, health: Health) -> RunSetup:

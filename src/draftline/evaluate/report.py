@@ -179,19 +179,25 @@ def plot_memory(plt, log: RunLog, path: Path) -> Path | None:
             if not isinstance(gpu, dict) or not isinstance(gpu.get("mem_used_gib"), (int, float)):
                 continue
             name = f"rank {gpu.get('rank', '?')} {gpu.get('role') or ''}".strip()
-            series = per_gpu.setdefault(name, {"h": [], "used": [], "total": gpu.get("mem_total_gib"), "util": []})
+            # the card (--gpu-memory-gib) where one was set, else the device's total
+            total = gpu.get("mem_budget_gib") if isinstance(gpu.get("mem_budget_gib"), (int, float)) else gpu.get(
+                "mem_total_gib")
+            series = per_gpu.setdefault(name, {"h": [], "used": [], "allocated": [], "total": total, "util": []})
             series["h"].append(hours)
             series["used"].append(gpu["mem_used_gib"])
+            allocated = gpu.get("mem_allocated_gib")
+            series["allocated"].append(allocated if isinstance(allocated, (int, float)) else float("nan"))
             series["util"].append(gpu.get("util") if isinstance(gpu.get("util"), (int, float)) else float("nan"))
     if not per_gpu:
         return _close(plt, None)
     fig, axes = _panels(plt, 2, "GPU memory and utilisation")
     for name, s in per_gpu.items():
         (line,) = axes[0].plot(s["h"], s["used"], label=name)
+        axes[0].plot(s["h"], s["allocated"], color=line.get_color(), linestyle="--", linewidth=0.9)
         if isinstance(s["total"], (int, float)):
             axes[0].axhline(s["total"], color=line.get_color(), linestyle=":", linewidth=0.8)
         axes[1].plot(s["h"], [100 * u for u in s["util"]], color=line.get_color())
-    axes[0].set_ylabel("GiB used (dotted: total)")
+    axes[0].set_ylabel("GiB: device in use (dashed: allocator's peak; dotted: the card or the device)")
     axes[1].set_ylabel("utilisation %")
     axes[1].set_xlabel("hours since the first start")
     return _save(fig, axes, path)

@@ -7,7 +7,8 @@ up``, the transposed copy of the attention output that enters ``o_proj``, and th
 fp32 weight that autocast makes for its matrix product (2 bytes per trained parameter, held from the
 forward to the backward). Counted at the Qwen3-8B shape (8,192 query rows, 3,072 context rows): the
 compiled halves keep 1,287 MiB a layer as the partitioner leaves them, 534 MiB with ``"cheap"``, 150 MiB
-with ``"mlp"``; the attention kernel keeps another 173 MiB (bench/drafter_memory.py's prediction and its trace).
+with ``"mlp"``; the attention kernel keeps another 173 MiB (``sizing.drafter_memory``, checked against the
+partitioner's trace).
 
 ``selective(fn, mode, ...)`` runs ``fn`` under selective activation checkpointing
 (``torch.utils.checkpoint`` with a policy): the outputs of matrix products are kept, everything else

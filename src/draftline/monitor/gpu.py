@@ -4,6 +4,12 @@ Sources, best first: NVML (``pynvml`` from the optional ``nvidia-ml-py`` package
 memory like nvidia-smi, utilisation, and the SM clock with what holds it back), then ``torch.cuda.mem_get_info`` (memory only), then
 nothing ("n/a"). Nothing here raises: a monitor that crashes the run it watches is worse than a
 blank cell.
+
+Device memory is counted as CUDA counts it (``cudaMemGetInfo``, and NVML's second memory call, as nvidia-smi
+shows it): what the driver keeps for itself is left out of both the used and the total figures (NVML's first
+call counts it as used: 0.59 GiB on an H200), so that the total is the capacity torch reports and
+``--gpu-memory-gib`` bounds. Beside it, for the rank's own device: the peak its allocator reached
+(``torch.cuda.max_memory_allocated``, since preflight) and the card set by ``--gpu-memory-gib``.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+from draftline.distributed.memory import device_budget
 
 _GIB = 1024**3
 
@@ -24,9 +32,9 @@ class GpuStats:
     name: str
     """Device name as torch reports it (``"cpu"`` for a CPU rank)."""
     mem_used_gib: float | None = None
-    """Memory in use on the whole device (all processes with NVML), GiB."""
+    """Memory in use on the whole device (all processes, CUDA's context included), GiB."""
     mem_total_gib: float | None = None
-    """Device memory, GiB."""
+    """Device memory as CUDA counts it (the capacity torch reports), GiB."""
     util: float | None = None
     """Fraction of the last sample period a kernel was running (NVML), 0..1."""
     rank: int | None = None
@@ -41,17 +49,26 @@ class GpuStats:
     """Power draw now (NVML), W."""
     clock_reasons: list[str] | None = None
     """What holds the clock back now (NVML's clock-event reasons, idle left out): [] for nothing."""
+    mem_allocated_gib: float | None = None
+    """This process's allocator: its peak allocated since preflight (``torch.cuda.max_memory_allocated``), GiB."""
+    mem_budget_gib: float | None = None
+    """The card this process may use in all (``--gpu-memory-gib``), GiB; None: the whole device."""
 
     def to_record(self) -> dict[str, Any]:
-        """The metrics.jsonl entry: ``{rank, role, name, mem_used_gib, mem_total_gib, util, sm_mhz, max_sm_mhz,
-        power_w, clock_reasons}``."""
+        """The metrics.jsonl entry: ``{rank, role, name, mem_used_gib, mem_total_gib, mem_allocated_gib,
+        mem_budget_gib, util, sm_mhz, max_sm_mhz, power_w, clock_reasons}``."""
         record = asdict(self)
         return {key: record[key] for key in RECORD_KEYS}
 
     def memory_text(self) -> str:
+        """E.g. "92.3/94.97 GiB, 88.1 allocated": the device's use of its card (or of the device), and the
+        allocator's peak."""
         if self.mem_used_gib is None or self.mem_total_gib is None:
             return "n/a"
-        return f"{self.mem_used_gib:.1f}/{self.mem_total_gib:.1f} GiB"
+        of = (f"{self.mem_budget_gib:.2f} GiB card" if self.mem_budget_gib is not None
+              else f"{self.mem_total_gib:.1f} GiB")
+        allocated = f", {self.mem_allocated_gib:.1f} allocated" if self.mem_allocated_gib is not None else ""
+        return f"{self.mem_used_gib:.1f}/{of}{allocated}"
 
     def util_text(self) -> str:
         return "n/a" if self.util is None else f"{self.util:.0%}"
@@ -64,8 +81,8 @@ class GpuStats:
         return text + (", " + ", ".join(self.clock_reasons) if self.clock_reasons else "")
 
 
-RECORD_KEYS = ("rank", "role", "name", "mem_used_gib", "mem_total_gib", "util", "sm_mhz", "max_sm_mhz", "power_w",
-               "clock_reasons")
+RECORD_KEYS = ("rank", "role", "name", "mem_used_gib", "mem_total_gib", "mem_allocated_gib", "mem_budget_gib", "util",
+               "sm_mhz", "max_sm_mhz", "power_w", "clock_reasons")
 
 # NVML's clock-event ("throttle") reason bits, as nvml.h numbers them.
 CLOCK_REASONS = {
@@ -158,6 +175,20 @@ def nvml_handle(nvml: Any, index: int) -> Any:
     return None
 
 
+def nvml_memory(nvml: Any, handle: Any) -> tuple[float, float]:
+    """(used, total) bytes of one NVML device as CUDA counts them: the driver's reserved memory left out of both
+    (NVML's second memory call reports it apart; the first counts it as used, and is the fallback)."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        try:
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle, version=version)
+            return float(memory.used), float(memory.total - memory.reserved)
+        except Exception:  # an older driver: the first call
+            pass
+    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+    return float(memory.used), float(memory.total)
+
+
 def _nvml_stats(index: int, name: str) -> GpuStats | None:
     nvml = nvml_module()
     if nvml is None:
@@ -166,9 +197,9 @@ def _nvml_stats(index: int, name: str) -> GpuStats | None:
         handle = nvml_handle(nvml, index)
         if handle is None:
             return None
-        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        used, total = nvml_memory(nvml, handle)
         util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
-        stats = GpuStats(name, memory.used / _GIB, memory.total / _GIB, util)
+        stats = GpuStats(name, used / _GIB, total / _GIB, util)
     except Exception:
         return None
     try:  # the clock is extra: a device that does not report it keeps its memory figures
@@ -197,11 +228,14 @@ def device_stats(device: torch.device | str | int) -> GpuStats:
             return GpuStats(name=device.type)
         name = torch.cuda.get_device_name(index)
         stats = _nvml_stats(index, name)
-        if stats is not None:
-            return stats
-        # mem_get_info creates a CUDA context on the device: fine for the rank's own device only.
-        free, total = torch.cuda.mem_get_info(index)
-        return GpuStats(name, (total - free) / _GIB, total / _GIB, None)
+        if stats is None:
+            # mem_get_info creates a CUDA context on the device: fine for the rank's own device only.
+            free, total = torch.cuda.mem_get_info(index)
+            stats = GpuStats(name, (total - free) / _GIB, total / _GIB, None)
+        stats.mem_allocated_gib = torch.cuda.max_memory_allocated(index) / _GIB
+        budget = device_budget(index)
+        stats.mem_budget_gib = None if budget is None else budget / _GIB
+        return stats
     except Exception:
         return GpuStats(name=str(device))
 

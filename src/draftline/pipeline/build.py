@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from draftline.config import EngineConfig
 from draftline.distributed.health import Health
 from draftline.distributed.roles import drafter_seqs, group_seqs
 from draftline.distributed.shard import DrafterGroup
@@ -127,6 +128,19 @@ def target_embedding_and_head(spec: RunSpec, target: TargetFeatures | None) -> t
                                    config=spec.model.target_file_config)
 
 
+def apply_engine(drafter: DFlashDrafter, engine: EngineConfig, compiles: bool) -> DFlashDrafter:
+    """What ``engine`` applies to the drafter from outside its model file, in place: whole layers recomputed
+    (``activation_checkpointing``), then (``compiles``: CUDA) the compiled halves keeping what ``recompute``
+    says (fused norms/RoPE/SwiGLU, fewer saved activations)."""
+    if engine.activation_checkpointing:
+        checkpoint_layers(drafter)
+    if compiles:
+        from draftline.model.fused import compile_drafter
+
+        compile_drafter(drafter, recompute=engine.recompute)
+    return drafter
+
+
 def build_drafter_worker(spec: RunSpec, health: Health, *, group: DrafterGroup | None = None,
                          target: TargetFeatures | None = None, embed: torch.Tensor | None = None,
                          head: torch.Tensor | None = None, compile_layers: bool | None = None,
@@ -137,12 +151,8 @@ def build_drafter_worker(spec: RunSpec, health: Health, *, group: DrafterGroup |
     c = spec.config
     group = group or DrafterGroup(health=health)
     drafter = build_drafter(spec)
-    if c.engine.activation_checkpointing:
-        checkpoint_layers(drafter)
-    if (c.engine.compile if compile_layers is None else compile_layers) and spec.device.type == "cuda":
-        from draftline.model.fused import compile_drafter
-
-        compile_drafter(drafter)  # fused norms/RoPE/SwiGLU, fewer saved activations
+    compiles = (c.engine.compile if compile_layers is None else compile_layers) and spec.device.type == "cuda"
+    apply_engine(drafter, c.engine, compiles)
     group.shard(drafter, spec.device, spec.dtype)
     health.watch(drafter.layers)
     if embed is None or head is None:

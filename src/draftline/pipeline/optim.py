@@ -15,11 +15,12 @@ from draftline.pipeline.progress import Progress
 MOMENTS = ("fp32", "bf16")
 
 
-def build_optimizer(model: torch.nn.Module, config: OptimConfig, moments: str = "fp32") -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, config: OptimConfig, moments: str | None = None) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters; norms and other 1-D tensors get no weight decay.
 
-    ``moments``: 'fp32' (torch's fused AdamW: the exact update) or 'bf16' (``AdamWBf16Moments``: 4 bytes less
-    per trained weight for each moment, a different update; see there)."""
+    ``moments`` (default ``config.moments``): 'fp32' (torch's fused AdamW: the exact update) or 'bf16'
+    (``AdamWBf16Moments``: 4 bytes less per trained weight for each moment, a different update; see there)."""
+    moments = config.moments if moments is None else moments
     if moments not in MOMENTS:
         raise ValueError(f"AdamW moments must be one of {', '.join(MOMENTS)}, got {moments!r}")
     decay, no_decay = [], []

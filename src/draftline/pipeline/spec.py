@@ -225,10 +225,11 @@ def pick_device(config: TrainConfig, local_rank: int) -> torch.device:
             f"local rank {local_rank} has no GPU ({torch.cuda.device_count()} visible); launch at most one process per GPU"
         )
     torch.cuda.set_device(local_rank)
-    limit = config.engine.gpu_memory_gib
-    if limit is not None:
-        total = torch.cuda.get_device_properties(local_rank).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, limit * 2**30 / total), local_rank)
+    if config.engine.gpu_memory_gib is not None:  # the card: the device's whole use, not the allocator's alone
+        from draftline.distributed.memory import cap_device
+
+        budget = cap_device(local_rank, config.engine.gpu_memory_gib)
+        print(f"draftline: rank {os.environ.get('RANK', '0')}: GPU {local_rank}: {budget.describe()}", flush=True)
     return torch.device("cuda", local_rank)
 
 
@@ -331,6 +332,16 @@ def resumed_batches_per_step(checkpoint: str, saved: int | None, balance_saved: 
     return per_step, note
 
 
+def refuse_changed_moments(checkpoint: str, saved: str | None, now: str) -> None:
+    """A resume keeps the AdamW moments' dtype its checkpoint was saved with (absent: written before
+    optim.moments, fp32): another would not continue the same optimizer."""
+    saved = saved or "fp32"
+    if saved != now:
+        raise DraftlineError(
+            f"{checkpoint}: its AdamW moments are {saved} (optim.moments), this run asks for {now}: resume with "
+            f"--moments {saved}, or start a new run (--from-scratch) to train with {now} moments")
+
+
 def resolve_run(config: TrainConfig, model: ModelSpec, role: Role, env: DistEnv, device, setup: RunSetup
                 ) -> tuple[RunSpec, str | None]:
     """This rank's ``RunSpec`` once rank 0 decided the start; and, on a resume, a line about what it keeps."""
@@ -342,6 +353,7 @@ def resolve_run(config: TrainConfig, model: ModelSpec, role: Role, env: DistEnv,
     per_step, note = fresh, None
     if setup.checkpoint:
         refuse_changed_drafter(setup.checkpoint, model.drafter_config)
+        refuse_changed_moments(setup.checkpoint, setup.moments, config.optim.moments)
         per_step, note = resumed_batches_per_step(setup.checkpoint, setup.batches_per_step, setup.balance_steps, fresh,
                                                   config.data.balance_steps, role.num_drafters,
                                                   setup.checkpoint_drafters)

@@ -6,7 +6,8 @@
 - ``workload``: the reference workload, defined once: its length mix, its synthetic batches (sampled
   from the mix, or the preflight's worst case), its FLOPs per sample.
 - ``plan``, ``memory_estimate``: the node's layouts, rates and memory per GPU (``draftline plan`` and
-  ``train``'s default split).
+  ``train``'s default split); the memory model by component (plan, preflight's prediction).
+- ``drafter_memory``: the drafter step's memory by component (per layer by recompute mode, head chunk, state).
 - ``preflight``, ``peak_fit``: the memory check before training; the peaks it measures and their fit.
 - ``demo``: the demo's size for this machine.
 """

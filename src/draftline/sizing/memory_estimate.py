@@ -1,50 +1,150 @@
-"""The memory model of the node planner: what each role holds on one GPU, estimated from its shape.
+"""The memory model: what each role holds on one GPU, by component, and what the device then has in use.
 
-Weights, optimizer state (sharded over the drafters), activations and queued features of a target, a
-drafter and a colocated GPU (``target_memory``, ``drafter_memory``, ``colocated_memory``); the activation
-coefficients are calibrated on one H200. ``draftline plan`` fits layouts with it; ``train``'s preflight then
-measures the real worst case (``preflight``).
+One model for ``draftline plan`` (which layouts fit a GPU), ``train``'s preflight (the prediction beside what
+it measures) and bench/memory_model.py (the model against an H200). Components (GiB), each in a category:
+
+- weights: the target's bf16 layers (the ones its feature pass runs; all of them on the rank whose copy also
+  decodes for evaluation), its embedding and LM head; the drafter's fp32 master weights (1/D sharded, then
+  two layers' bf16 weights gathered);
+- optimizer: AdamW's two moments (fp32, or bf16: ``optim.moments``), 1/D sharded;
+- gradients: the drafter's fp32 gradients, held through the forward of a step's later passes;
+- activations: the target's feature pass (its widest layer's row, ``TARGET_ROW_SHARE``); the drafter's pass
+  (``drafter_memory``: what each layer keeps by recompute mode, the context rows, the LM head's chunk);
+- features: feature batches [tokens, K*H] in bf16: the one the target builds, the target's outbox, the
+  drafter's batch in hand and its queue (colocated: the hidden-state queue);
+- outside the allocator (``outside``): CUDA's context and the libraries' own device memory, which torch's
+  caching allocator does not count; and the allocator's fragmentation (``FRAGMENTATION``: reserved above
+  allocated).
+
+``MemoryEstimate.allocated`` is the predicted ``torch.cuda.max_memory_allocated``; ``MemoryEstimate.total`` what
+must fit the GPU's capacity less preflight's headroom (allocated and outside the allocator); ``device`` the
+device's memory in use at the peak of a run without a cap, as CUDA counts it (``cudaMemGetInfo``: total - free,
+the figure torch's out-of-memory message and the GPU table's capacities use). The sizes are the worst case preflight measures: a
+pass of ``max_query_rows`` block rows over the whole ``token_budget`` of context, after passes whose gradients
+it holds, with the target's pass at the same moment on a colocated GPU.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from draftline.sizing.shapes import DecoderShape, DrafterShape, TargetShape
+from draftline.sizing.drafter_memory import (
+    ACTIVATIONS, FEATURES, GRADIENTS, OPTIMIZER, WEIGHTS, PassSize, drafter_step, trained_params,
+)
+from draftline.sizing.shapes import LINEAR, DecoderShape, DrafterShape, TargetShape
+
+__all__ = ["MemoryEstimate", "MemoryInputs", "colocated_memory", "drafter_memory", "split_memory", "target_memory",
+           "trained_params"]
 
 _GIB = 2**30
+
+TARGET_ROW_SHARE = {"dense": 0.61, LINEAR: 0.74}
+"""The target's feature pass holds this share of its widest layer's row (projection outputs and inputs, plus a
+few residual-width tensors: ``_widest``) per token, besides the features it builds. Measured on one H200: the
+Qwen3-8B shape's compiled pass at 32,768 tokens, 3.6 GiB above its weights and outbox with 1.25 GiB of features
+(0.61, docs/benchmarks/2026-12-line-one-gpu.md's preflight); the Qwen3.6-27B hybrid's at 16,384 tokens, 2.92 GiB
+with 0.78 of features (0.74, docs/benchmarks/2026-12-planner.md; its widest layer is a Gated DeltaNet one)."""
+
+OUTSIDE_ALLOCATOR_GIB = 0.75
+"""Device memory of one process outside torch's caching allocator once its kernels are loaded: CUDA's context,
+the modules of the kernels it ran (cuBLAS, flex / FlashAttention, Triton's), library workspaces. Measured on
+one H200 (torch 2.11, CUDA 13): 1.34 GiB of NVML's used memory above the allocator's reserved bytes after the
+drafter's compiled step (docs/benchmarks/2026-12-drafter-memory.md), less the 0.59 GiB NVML also counts that
+the driver keeps for itself (143,771 MiB in NVML, 139.81 GiB as torch reports the H200: outside the capacity
+torch and the GPU table quote). ``train`` measures its own at start (``distributed.memory.DeviceBudget``)."""
+
+NCCL_GIB = 0.5
+"""NCCL's buffers and its communicators' state on each GPU of a job with several GPUs: assumed for planning
+(not measured here); ``train`` measures what lies outside the allocator on each rank."""
+
+FRAGMENTATION = 0.03
+"""The caching allocator's reserved memory above its allocated peak, as a share of it: 3-5% measured for the
+drafter step on an H200 without a cap (23.51 / 22.80, 19.85 / 18.88, 15.66 / 14.97 GiB reserved / allocated,
+docs/benchmarks/2026-12-drafter-memory.md); about 1% at the 27B line under its cap, where the allocator frees
+its cached blocks before it would exceed it (docs/benchmarks/2026-12-hybrid-27b.md)."""
 
 
 @dataclass
 class MemoryEstimate:
-    """One role's memory on one GPU, in GiB."""
+    """One GPU's memory at its peak, by component (GiB)."""
 
-    weights: float
-    optimizer: float
-    activations: float
-    buffers: float
+    parts: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """Allocated by torch at the peak, by name: (category, GiB)."""
+    outside: float = 0.0
+    """GiB in use outside torch's caching allocator (context, libraries, NCCL)."""
+
+    def of(self, category: str) -> float:
+        return sum(gib for kind, gib in self.parts.values() if kind == category)
+
+    @property
+    def weights(self) -> float:
+        return self.of(WEIGHTS)
+
+    @property
+    def optimizer(self) -> float:
+        return self.of(OPTIMIZER)
+
+    @property
+    def gradients(self) -> float:
+        return self.of(GRADIENTS)
+
+    @property
+    def activations(self) -> float:
+        return self.of(ACTIVATIONS)
+
+    @property
+    def buffers(self) -> float:
+        """The feature batches held (built, queued, in hand)."""
+        return self.of(FEATURES)
+
+    @property
+    def allocated(self) -> float:
+        """The predicted peak of ``torch.cuda.max_memory_allocated``."""
+        return sum(gib for _, gib in self.parts.values())
 
     @property
     def total(self) -> float:
-        return self.weights + self.optimizer + self.activations + self.buffers
+        """What must fit the GPU's capacity less the headroom (as preflight checks it): the allocator's peak and
+        what lies outside the allocator. The headroom leaves the room that fragmentation takes under a cap,
+        where the allocator frees its cached blocks before it would pass it."""
+        return self.allocated + self.outside
+
+    @property
+    def reserved(self) -> float:
+        """The allocator's reserved memory at the peak of a run without a cap (cached blocks kept)."""
+        return self.allocated * (1 + FRAGMENTATION)
+
+    @property
+    def device(self) -> float:
+        """The device's memory in use at the peak of a run without a cap (``cudaMemGetInfo``: total - free)."""
+        return self.reserved + self.outside
 
     def describe(self) -> str:
-        return (f"{self.total:.1f} GiB (weights {self.weights:.1f}, optimizer {self.optimizer:.1f}, "
-                f"activations {self.activations:.1f}, queued features {self.buffers:.1f})")
+        return (f"{self.total:.1f} GiB (allocated {self.allocated:.1f}: weights {self.weights:.1f}, optimizer "
+                f"{self.optimizer:.1f}, gradients {self.gradients:.1f}, activations {self.activations:.1f}, features "
+                f"{self.buffers:.1f}; outside the allocator {self.outside:.1f}; without a cap the device would show "
+                f"{self.device:.1f})")
+
+    def table(self) -> list[tuple[str, str, float]]:
+        """Every component, then what lies outside the allocator and (without a cap) its fragmentation:
+        (name, category, GiB)."""
+        rows = [(name, kind, gib) for name, (kind, gib) in self.parts.items()]
+        rows.append(("outside the allocator (CUDA context, libraries, NCCL)", "device", self.outside))
+        rows.append(("without a cap: the allocator's cached blocks (reserved above allocated)", "device",
+                     self.reserved - self.allocated))
+        return rows
 
     def __add__(self, other: "MemoryEstimate") -> "MemoryEstimate":
-        return MemoryEstimate(self.weights + other.weights, self.optimizer + other.optimizer,
-                              self.activations + other.activations, self.buffers + other.buffers)
+        """Two roles in one process: their parts side by side, one process's memory outside the allocator."""
+        parts = dict(self.parts)
+        for name, value in other.parts.items():
+            parts[name if name not in parts else f"{name} (2)"] = value
+        return MemoryEstimate(parts, max(self.outside, other.outside))
 
 
-# The activation coefficients, calibrated on one H200 (docs/benchmarks/2026-12-planner.md):
-# the target's feature pass holds ~0.7 of its widest layer's row at a time (measured 0.61x on the Qwen3-8B
-# shape, 0.79x on the Qwen3.6-27B shape); the drafter keeps ~2.1 values per trained weight column of each
-# layer for each block row (the 8B step's preflight fit: 0.99 MB per row) and ~6 bytes per logit of one
-# LM-head chunk (bf16 logits and their fp32 gradient; the 27B step at 4,096 rows: 9.3 GiB measured).
-TARGET_ROW_SHARE = 0.7
-DRAFTER_ROW_VALUES = 2.1
-HEAD_CHUNK_BYTES_PER_LOGIT = 6
+def outside_allocator(num_gpus: int) -> float:
+    """GiB a process holds outside the allocator: its context and kernels, and NCCL's with several GPUs."""
+    return OUTSIDE_ALLOCATOR_GIB + (NCCL_GIB if num_gpus > 1 else 0.0)
 
 
 def _widest(shape: DecoderShape) -> float:
@@ -53,46 +153,60 @@ def _widest(shape: DecoderShape) -> float:
     return max(layer.token_params / shape.hidden_size for layer in shape.layers) + 4 * shape.hidden_size
 
 
-def target_memory(shape: DecoderShape, layers_run: int, token_budget: int, num_feature_layers: int,
-                  queued_batches: int, bytes_per_value: int = 2) -> MemoryEstimate:
-    """The frozen target: its layers up to ``layers_run`` (every MoE expert), embedding and head in
-    bf16; forward activations of the widest layer over ``token_budget`` tokens; the features of
-    ``queued_batches`` batches waiting to be sent (K feature layers + the one being built)."""
+def _row_share(shape: DecoderShape) -> float:
+    widest = max(shape.layers, key=lambda layer: layer.token_params)
+    return TARGET_ROW_SHARE[LINEAR if widest.kind == LINEAR else "dense"]
+
+
+def target_pass_bytes(shape: DecoderShape, layers_run: int, tokens: int, num_feature_layers: int) -> tuple[float, float]:
+    """(activations, features built) in bytes of the target's feature pass over ``tokens``, above its weights."""
     run = shape.with_layers_run(layers_run)
-    weights = run.params() * bytes_per_value
-    activations = TARGET_ROW_SHARE * token_budget * _widest(run) * bytes_per_value
-    features = (queued_batches + 1) * token_budget * num_feature_layers * shape.hidden_size * bytes_per_value
-    return MemoryEstimate(weights / _GIB, 0.0, activations / _GIB, features / _GIB)
+    return (_row_share(run) * tokens * _widest(run) * 2, 2.0 * tokens * num_feature_layers * shape.hidden_size)
 
 
-def trained_params(shape: DrafterShape) -> int:
-    """The drafter's trained weights: its layers and ``fc`` (the norms are negligible)."""
-    return sum(layer.token_params for layer in shape.layers) + len(shape.target_layer_ids) * shape.hidden_size ** 2
+def target_memory(shape: DecoderShape, layers_run: int, token_budget: int, num_feature_layers: int,
+                  queued_batches: int, bytes_per_value: int = 2, *, layers_kept: int | None = None,
+                  num_gpus: int = 1) -> MemoryEstimate:
+    """The frozen target: ``layers_kept`` of its layers in bf16 (default the ``layers_run`` its feature pass runs;
+    the evaluating copy keeps all) with its embedding and head; its pass over ``token_budget`` tokens (activations
+    and the features it builds); ``queued_batches`` feature batches waiting in its outbox."""
+    kept = shape.with_layers_run(layers_kept or layers_run)
+    activations, built = target_pass_bytes(shape, layers_run, token_budget, num_feature_layers)
+    per_batch = token_budget * num_feature_layers * shape.hidden_size * bytes_per_value
+    parts = {
+        f"target weights (bf16, {kept.num_layers} layers, embedding and LM head)": (
+            WEIGHTS, kept.params() * bytes_per_value / _GIB),
+        "target pass: activations": (ACTIVATIONS, activations / _GIB),
+        "target pass: the features it builds": (FEATURES, built / _GIB),
+    }
+    if queued_batches:
+        parts[f"target outbox: {queued_batches} feature batch(es)"] = (FEATURES, queued_batches * per_batch / _GIB)
+    return MemoryEstimate(parts, outside_allocator(num_gpus))
+
+
+def several_passes(token_budget: int, max_query_rows: int, block_size: int) -> bool:
+    """Whether a batch can take several drafter passes (then a later pass holds the earlier ones' gradients): a
+    batch of ``token_budget`` tokens has up to about that many anchors, each ``block_size`` rows."""
+    return token_budget * block_size > max_query_rows
 
 
 def drafter_memory(shape: DrafterShape, token_budget: int, max_query_rows: int, queued_batches: int,
                    bytes_per_value: int = 2, num_shards: int = 1, frozen_weights: bool = True,
-                   head_chunk_rows: int = 4096) -> MemoryEstimate:
-    """The drafter: fp32 master weights and gradients and AdamW's two fp32 moments (16 bytes per trained
-    weight), each 1/``num_shards`` when sharded (then also two layers' bf16 weights gathered at a time);
-    the frozen embedding and head in bf16 (``frozen_weights``: not when a colocated target holds them);
-    activations kept for backward over ``max_query_rows`` block rows (``DRAFTER_ROW_VALUES`` per trained
-    weight column of each layer), over the ``token_budget`` context rows (features, ``fc`` output, each layer's
-    k and v), and one LM-head chunk's logits (``head_chunk_rows`` x vocabulary); received feature batches."""
-    hidden = shape.hidden_size
-    features_width = len(shape.target_layer_ids) * hidden
-    trained = trained_params(shape)
-    frozen = 2 * shape.vocab_size * hidden * bytes_per_value if frozen_weights else 0
-    gathered = 0
-    if num_shards > 1:
-        gathered = 2 * max(layer.token_params for layer in shape.layers) * bytes_per_value
-    per_row = DRAFTER_ROW_VALUES * sum(layer.token_params / hidden for layer in shape.layers) * bytes_per_value
-    per_context = (features_width + hidden + sum(layer.kv_width for layer in shape.layers)) * bytes_per_value
-    head_chunk = min(head_chunk_rows, max_query_rows) * shape.vocab_size * HEAD_CHUNK_BYTES_PER_LOGIT
-    activations = max_query_rows * per_row + token_budget * per_context + head_chunk
-    features = queued_batches * token_budget * features_width * bytes_per_value
-    return MemoryEstimate((8 * trained / num_shards + frozen + gathered) / _GIB, 8 * trained / num_shards / _GIB,
-                          activations / _GIB, features / _GIB)
+                   head_chunk_rows: int = 4096, *, recompute: str = "cheap", moments: str = "fp32",
+                   activation_checkpointing: bool = False, num_gpus: int | None = None) -> MemoryEstimate:
+    """The drafter's worst-case step on one GPU (``drafter_memory.drafter_step``): a pass of ``max_query_rows``
+    block rows over ``token_budget`` context rows, holding the gradients of the step's earlier passes when a batch
+    can take several; its state 1/``num_shards`` when sharded; the frozen embedding and head (``frozen_weights``:
+    not when a colocated target holds them); the batch in hand and ``queued_batches`` more."""
+    block = shape.block_size
+    anchors = max(1, max_query_rows // block)
+    step = drafter_step(shape, PassSize.of(anchors, block, token_budget), recompute=recompute,
+                        head_chunk_rows=head_chunk_rows, moments=moments, num_shards=num_shards,
+                        frozen_weights=frozen_weights, gradients_held=several_passes(token_budget, max_query_rows, block),
+                        activation_checkpointing=activation_checkpointing, feature_batches=1 + queued_batches,
+                        feature_rows=token_budget)
+    parts = {name: (kind, value / _GIB) for name, (kind, value) in step.components().items()}
+    return MemoryEstimate(parts, outside_allocator(num_shards if num_gpus is None else num_gpus))
 
 
 @dataclass(frozen=True)
@@ -104,22 +218,43 @@ class MemoryInputs:
     layers_run: int
     num_feature_layers: int  # K (+1 with soft labels)
     q_hs: int
+    recompute: str = "cheap"
+    moments: str = "fp32"
+    head_chunk_rows: int = 4096
+    activation_checkpointing: bool = False
+    receive_batches: int = 3
+    """Feature batches a drafter of a split holds besides the one it trains (its receive prefetch and the one
+    arriving: ``RunSpec.queued_feature_batches``)."""
+
+    def drafter_options(self) -> dict:
+        return dict(recompute=self.recompute, moments=self.moments, head_chunk_rows=self.head_chunk_rows,
+                    activation_checkpointing=self.activation_checkpointing)
 
 
 def split_memory(inputs: MemoryInputs, targets: int, drafters: int, budget: int, rows: int
                  ) -> tuple[MemoryEstimate, MemoryEstimate]:
-    """(a target GPU's, a drafter GPU's) memory in a split."""
+    """(a target GPU's, a drafter GPU's) memory in a split: a target keeps the layers its pass runs; the first
+    drafter's copy of the target for the evaluation during training, loaded at its first measurement, is not
+    counted (a measurement that runs out of memory turns the measurements off: ``evaluate.during_training``)."""
+    num_gpus = targets + drafters
     outbox = -(-inputs.q_hs // targets) + 1
-    target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, outbox)
-    drafter = drafter_memory(inputs.drafter_shape, budget, rows, 3, num_shards=drafters)
+    target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, outbox,
+                           num_gpus=num_gpus)
+    drafter = drafter_memory(inputs.drafter_shape, budget, rows, inputs.receive_batches, num_shards=drafters,
+                             num_gpus=num_gpus, **inputs.drafter_options())
     return target, drafter
 
 
-def colocated_memory(inputs: MemoryInputs, num_gpus: int, budget: int, rows: int,
-                     shared_head: bool = True) -> MemoryEstimate:
-    """A GPU's memory with its target (q_hs batches queued) and its drafter's shard (the target's embedding
-    and head shared; ``shared_head`` False: the target's are split over a target group, the drafter holds whole
-    copies)."""
-    target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, inputs.q_hs)
-    return target + drafter_memory(inputs.drafter_shape, budget, rows, 0, num_shards=num_gpus,
-                                   frozen_weights=not shared_head)
+def colocated_memory(inputs: MemoryInputs, num_gpus: int, budget: int, rows: int, *, num_shards: int | None = None,
+                     keep_all_layers: bool = True, shared_head: bool = True) -> MemoryEstimate:
+    """The busiest GPU of a colocated layout: its target (``keep_all_layers``: every layer, as the first rank's
+    copy, which also decodes for the evaluation during training) with its pass, the hidden-state queue (q_hs
+    batches), and its drafter's shard (``num_shards``, default one per GPU), all at their peaks at once. The
+    target's embedding and head are shared with the drafter; ``shared_head`` False: the target's are split over a
+    target group and the drafter holds whole copies."""
+    target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, 0,
+                           layers_kept=inputs.target_shape.num_layers if keep_all_layers else None, num_gpus=num_gpus)
+    drafter = drafter_memory(inputs.drafter_shape, budget, rows, inputs.q_hs,
+                             num_shards=num_gpus if num_shards is None else num_shards,
+                             frozen_weights=not shared_head, num_gpus=num_gpus, **inputs.drafter_options())
+    return target + drafter

@@ -23,25 +23,34 @@ class GpuSpec:
     bf16_flops: float
     """Dense (no sparsity) bf16 tensor-core FLOP/s."""
     memory_gib: float
-    """Memory of one GPU as sold (GB on the datasheet, about GiB as torch reports it)."""
+    """Memory of one GPU as torch reports it (``cudaMemGetInfo``'s total, the "total capacity" of its
+    out-of-memory message): what a run can use in all, CUDA's context included. Less than the datasheet's GB
+    and than NVML's total, which also counts what the driver keeps for itself (143,771 MiB in nvidia-smi for
+    the H200's 139.81 GiB)."""
     link_gbs: float = 40.0
     """A collective's bandwidth between the GPUs of one node (NCCL bus bandwidth, GB/s): an assumption from
     the interconnect (NVLink generation, or PCIe 5 x16 for cards without NVLink), for planning only."""
+    memory_source: str = "the datasheet's GB as GiB: torch's figure for this GPU is not known here (lower)"
+    """Where ``memory_gib`` comes from."""
 
+
+_OOM = "torch's out-of-memory messages on that GPU ('GPU 0 has a total capacity of {} GiB')"
 
 # Matched by substring of the lower-cased torch device name, first match first: more specific
 # entries (an H100's PCIe variant) before the general one. Dense bf16 = half the datasheet's
 # "with sparsity" figure. RTX PRO 6000 Blackwell: 4 PFLOPS FP4 with sparsity -> 504 TFLOP/s dense
-# bf16 (its spec sheets list 503.8); the Max-Q edition runs lower clocks and has no entry.
+# bf16 (its spec sheets list 503.8); the Max-Q edition runs lower clocks and has no entry. Memory: as torch
+# reports it where known (public out-of-memory messages; the RTX PRO 6000's is the seeds' own), else the datasheet.
 _SPECS = (
     ("h200 nvl", GpuSpec("NVIDIA H200 NVL", 835e12, 141, 40.0)),
-    ("h200", GpuSpec("NVIDIA H200", 989e12, 141, 360.0)),
+    ("h200", GpuSpec("NVIDIA H200", 989e12, 139.81, 360.0, _OOM.format("139.81") + "; 143,771 MiB in nvidia-smi")),
     ("h100 pcie", GpuSpec("NVIDIA H100 PCIe", 756e12, 80, 40.0)),
-    ("h100", GpuSpec("NVIDIA H100 SXM", 989e12, 80, 360.0)),
+    ("h100", GpuSpec("NVIDIA H100 SXM", 989e12, 79.11, 360.0, _OOM.format("79.11"))),
     ("a100", GpuSpec("NVIDIA A100", 312e12, 80, 230.0)),
-    ("b200", GpuSpec("NVIDIA B200", 2250e12, 180, 700.0)),
+    ("b200", GpuSpec("NVIDIA B200", 2250e12, 178.35, 700.0, _OOM.format("178.35"))),
     ("rtx pro 6000 blackwell max-q", None),
-    ("rtx pro 6000", GpuSpec("NVIDIA RTX PRO 6000 Blackwell", 504e12, 96, 40.0)),
+    ("rtx pro 6000", GpuSpec("NVIDIA RTX PRO 6000 Blackwell", 504e12, 94.97, 40.0,
+                             _OOM.format("94.97") + ": the seeds' own, 97,887 MiB in nvidia-smi")),
 )
 
 # Matmul ceilings measured with ``measure_peak_flops``'s method, by exact torch device name.

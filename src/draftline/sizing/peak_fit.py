@@ -111,12 +111,12 @@ def describe_fit(fit: LinearPeak) -> str:
 
 
 def fit_and_check(measured: dict, role: str, run, points_at: list[tuple[int, int]], check_at: tuple[int, int] | None,
-                  refuse_oom, say: Callable[[str], None]):
+                  refuse_oom, say: Callable[[str], None], warmed: Callable[[], None] | None = None):
     """Warm up at the smallest size, measure ``points_at``, fit, check at ``check_at``.
 
     ``run(tokens, rows, quiet)`` returns the peak (None: out of memory, then ``refuse_oom()`` raises).
     Returns the fit (over every measured point), the check (None without one) and the points; ``say`` tells
-    what was measured."""
+    what was measured; ``warmed()`` is called after the warm-up (the kernels loaded, the workspaces made)."""
     t0 = time.perf_counter()
     before = float(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0.0
     warm = run(*points_at[0], quiet=True)
@@ -127,6 +127,8 @@ def fit_and_check(measured: dict, role: str, run, points_at: list[tuple[int, int
     say(f"{role}: warm-up pass at {points_at[0][0]:,} tokens, not measured for the fit: peak {gib(warm)}, "
          f"{kept / 2**20:,.0f} MiB kept allocated after it (one-time: kernels, workspaces, optimizer state) "
          f"({time.perf_counter() - t0:.1f} s)")
+    if warmed is not None:
+        warmed()
     points = []
     for tokens, rows in points_at:
         peak = run(tokens, rows)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -45,10 +46,11 @@ import torch
 
 from draftline import run_files
 from draftline.distributed.memory import MemoryLimit, find_out_of_memory, gib, memory_limit
-from draftline.distributed.shard import local_tensor
+from draftline.distributed.shard import local_tensor, replicates
 from draftline.errors import DraftlineError
+from draftline.sizing.memory_estimate import several_passes
 from draftline.sizing.peak_fit import LinearPeak, check_point, fit_and_check, measured_sizes
-from draftline.sizing.workload import DOC_TOKENS, worst_case_batch
+from draftline.sizing.workload import worst_case_anchors, worst_case_batch
 
 _GIB = 2**30
 SMALL_TOKENS = 8192
@@ -106,7 +108,11 @@ def preflight_target(spec, target, who: str, group=None) -> PreflightResult:
     vocab = target.vocab_size
     resident = float(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0.0
     limit = memory_limit(device, config.engine.memory_headroom_gib)
-    measured: dict = {}
+    measured: dict = {"model": model_prediction(spec, "target")}
+
+    def warmed():  # what lies outside the allocator grew with the kernels loaded: the card's cap follows it
+        nonlocal limit
+        limit = memory_limit(device, config.engine.memory_headroom_gib)
 
     def run(tokens: int, _rows: int = 0, quiet: bool = False) -> float | None:
         def body():
@@ -129,7 +135,7 @@ def preflight_target(spec, target, who: str, group=None) -> PreflightResult:
          + (f" (checked at {check_at[0]:,}), extrapolated to --token-budget {budget:,}" if check_at else "")
          + f"; {limit.describe()}")
     fit, check, points = fit_and_check(measured, "target", run, [(size, 0) for size in sizes], check_at,
-                                        lambda: _refuse_target(spec, budget, None, None, limit, who), _say)
+                                        lambda: _refuse_target(spec, budget, None, None, limit, who), _say, warmed)
     peak = points[0][2] if len(sizes) == 1 else None
     if peak is None:
         predicted = fit(budget)
@@ -144,13 +150,18 @@ def preflight_target(spec, target, who: str, group=None) -> PreflightResult:
             fit = LinearPeak.fit(points)
     if peak is None or peak > limit.limit:
         _refuse_target(spec, budget, peak, fit, limit, who)
-    # Colocated, the drafter adds this transient and counts the hidden-state queue itself: without the outbox.
+    # Colocated, the drafter adds this transient and counts the hidden-state queue itself: without the outbox. (Its
+    # slope may be negative where the fit is one point, a constant: the transient is then exact at the budget and
+    # larger than it is below it, on the safe side.)
     outbox_per_token = outbox * width * torch.finfo(dtype).bits // 8
-    transient = LinearPeak(fit.base - resident, max(fit.per_token - outbox_per_token, 0.0))
+    transient = LinearPeak(fit.base - resident, fit.per_token - outbox_per_token)
     seconds = time.perf_counter() - started
-    _say(f"target: {gib(peak)} peak at --token-budget {budget:,}, within the {gib(limit.limit)} limit ({seconds:.1f} s)")
+    _say(f"target: {gib(peak)} peak at --token-budget {budget:,}, within the {gib(limit.limit)} limit ({seconds:.1f} s)"
+         + _beside_model(peak, measured["model"]))
     _record(spec, "target", {"token_budget": budget, "peak_bytes": peak, "seconds": seconds, "points": points,
-                             "check": asdict(check) if check else None, **asdict(limit)})
+                             "check": asdict(check) if check else None, "model": measured["model"], **asdict(limit)})
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # from here on the peak is the training's (the monitor shows it)
     return PreflightResult("target", peak, measured, transient)
 
 
@@ -200,7 +211,10 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
     queued_batches = spec.queued_feature_batches
     vocab = objective.embed_weight.shape[0]
     limit = memory_limit(device, config.engine.memory_headroom_gib)
-    measured: dict = {}
+    measured: dict = {"model": model_prediction(spec, "drafter")}
+    # A batch in several passes (or several batches a step): a later pass runs its forward beside the gradients of
+    # the passes before it, so the worst case holds them (allocated before the pass, as the first backward would).
+    held_gradients = several_passes(budget, rows, block) or spec.batches_per_step > spec.role.num_drafters
     params = [p for p in drafter.parameters()]
     saved = [local_tensor(p).detach().cpu().clone() for p in params]
     lrs = [group["lr"] for group in optimizer.param_groups]
@@ -208,16 +222,15 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
     def run(tokens: int, query_rows: int, quiet: bool = False) -> float | None:
         anchors_n = max(1, min(query_rows // block, tokens - block - 1))
         batch = worst_case_batch(tokens, vocab)
-        # Anchors late in their documents: the most visible keys per query (spread over the documents).
-        starts = torch.arange(0, tokens, DOC_TOKENS)
-        ends = torch.clamp(starts + DOC_TOKENS, max=tokens)
-        late = torch.cat([torch.arange(max(s, e - block - (anchors_n // len(starts) + 1)), e - block)
-                          for s, e in zip(starts.tolist(), ends.tolist())])
-        anchors = late[-anchors_n:] if len(late) >= anchors_n else torch.arange(tokens - anchors_n - 1, tokens - 1)
+        anchors = worst_case_anchors(tokens, anchors_n, block)
 
         def body():
             from draftline.objective.blocks import build_blocks
 
+            if held_gradients:
+                for param in params:
+                    if param.requires_grad and param.grad is None:
+                        param.grad = torch.zeros_like(param)
             queued = torch.empty(queued_batches * tokens, width, device=device, dtype=dtype)
             features = torch.randn(tokens, width, device=device, dtype=dtype)
             blocks = build_blocks(batch, anchors, block_size=block, mask_token_id=objective.mask_token_id,
@@ -234,13 +247,17 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
         t0 = time.perf_counter()
         peak = _measure(device, body)
         if peak is not None and extra is not None:
-            peak += extra(tokens)
+            peak += max(extra(tokens), 0.0)
         if quiet:
             return peak
         _say(f"drafter at {tokens:,} tokens x {anchors_n * block:,} query rows: "
              f"{'out of memory' if peak is None else gib(peak)}{' incl. the target' if colocated else ''} "
              f"({time.perf_counter() - t0:.1f} s)")
         return peak
+
+    def warmed():  # what lies outside the allocator grew with the kernels loaded: the card's cap follows it
+        nonlocal limit
+        limit = memory_limit(device, config.engine.memory_headroom_gib)
 
     token_sizes = measured_sizes(budget, SMALL_TOKENS, 2 * block)
     chunk = max(config.engine.head_chunk_rows, block)
@@ -255,7 +272,7 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
     try:
         fit, check, points = fit_and_check(
             measured, "drafter", run, points_at, check_at,
-            lambda: _refuse_drafter(spec, budget, rows, None, None, limit, who, colocated), _say)
+            lambda: _refuse_drafter(spec, budget, rows, None, None, limit, who, colocated), _say, warmed)
         peak = points[0][2] if points_at == [(budget, rows)] else None
         if peak is None:
             predicted = fit(budget, rows)
@@ -272,9 +289,11 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
             _refuse_drafter(spec, budget, rows, peak, fit, limit, who, colocated)
         seconds = time.perf_counter() - started
         _say(f"drafter: {gib(peak)} peak at --token-budget {budget:,}, --max-query-rows {rows:,}"
-             f"{' with the colocated target' if colocated else ''}, within the {gib(limit.limit)} limit ({seconds:.1f} s)")
+             f"{' with the colocated target' if colocated else ''}, within the {gib(limit.limit)} limit ({seconds:.1f} s)"
+             + _beside_model(peak, measured["model"]))
         _record(spec, "drafter", {"token_budget": budget, "max_query_rows": rows, "peak_bytes": peak, "seconds": seconds,
-                                  "points": points, "check": asdict(check) if check else None, **asdict(limit)})
+                                  "points": points, "check": asdict(check) if check else None,
+                                  "held_gradients": held_gradients, "model": measured["model"], **asdict(limit)})
     finally:
         with torch.no_grad():
             for param, value in zip(params, saved):
@@ -285,6 +304,7 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
         optimizer.state.clear()  # the moments and step counts preflight's step allocated: as new
         if device.type == "cuda":
             torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)  # from here on the peak is the training's
     return PreflightResult("drafter", peak, measured)
 
 
@@ -312,6 +332,69 @@ def _refuse_drafter(spec, budget, rows, peak, fit, limit: MemoryLimit, who, colo
         f"--max-query-rows {rows:,}{', colocated with the target' if colocated else ''}); {limit.describe()}. "
         f"The largest that fit: {' or '.join(options)}"
     )
+
+
+def suggested_flags(message: str) -> list[str]:
+    """The flags a refusal names, the first fix: fewer query rows per pass (same budget, same work), else a
+    smaller token budget, else fewer queued batches, else activation checkpointing; [] for another message."""
+    # Suggested values are written without thousands separators; the configured ones ("32,768") with.
+    for pattern, flag in ((r"--max-query-rows (\d+) \(at --token-budget", "--max-query-rows"),
+                          (r"--token-budget (\d+)(?!,?\d)", "--token-budget"), (r"--q-hs (\d+)", "--q-hs")):
+        found = re.search(pattern, message)
+        if found:
+            return [flag, found.group(1)]
+    return ["--activation-checkpointing"] if "--activation-checkpointing" in message else []
+
+
+# ---------------------------------------------------------------------------------------- the model beside it
+def model_prediction(spec, role: str) -> dict | None:
+    """What the memory model (``memory_estimate``) predicts for this rank's worst case of ``role`` ("target", or
+    "drafter": colocated, with its target), by component: ``{"allocated_gib", "total_gib", "device_gib", "parts"}``;
+    None where the model cannot say (a spec without the target's shape): a prediction is beside the measurement,
+    never in its way."""
+    try:
+        return _model_prediction(spec, role)
+    except Exception:  # noqa: BLE001 - the measurement decides; the model only stands beside it
+        return None
+
+
+def _model_prediction(spec, role: str) -> dict:
+    from draftline.sizing.memory_estimate import (
+        MemoryInputs, colocated_memory, drafter_memory, target_memory,
+    )
+
+    config, model = spec.config, spec.model
+    c, e, o = config.topology, config.engine, config.optim
+    budget, rows = config.data.token_budget, e.max_query_rows
+    num_feature_layers = len(model.layer_ids) + int(model.distill)
+    if role == "target":
+        outbox = max(1, -(-c.q_hs // spec.role.num_targets)) + 1
+        keep_all = spec.colocated and spec.role.is_logging
+        estimate = target_memory(model.target_shape, model.layers_run, budget, num_feature_layers, outbox,
+                                 layers_kept=model.target_shape.num_layers if keep_all else None,
+                                 num_gpus=spec.env.world_size)
+    else:
+        options = dict(recompute=e.recompute, moments=o.moments, head_chunk_rows=e.head_chunk_rows,
+                       activation_checkpointing=e.activation_checkpointing)
+        drafters = spec.role.num_drafters
+        shards = 1 if replicates(c.drafter_state, spec.device) else drafters
+        if spec.colocated:
+            inputs = MemoryInputs(model.target_shape, model.drafter_shape, model.layers_run, num_feature_layers,
+                                  c.q_hs, **options)
+            estimate = colocated_memory(inputs, drafters, budget, rows, num_shards=shards,
+                                        keep_all_layers=spec.role.is_logging)
+        else:
+            estimate = drafter_memory(model.drafter_shape, budget, rows, spec.queued_feature_batches,
+                                      num_shards=shards, num_gpus=spec.env.world_size, **options)
+    return {"allocated_gib": round(estimate.allocated, 3), "total_gib": round(estimate.total, 3), "device_gib": round(estimate.device, 3),
+            "parts": {name: round(value, 3) for name, (_, value) in estimate.parts.items()}}
+
+
+def _beside_model(peak: float, model: dict | None) -> str:
+    if model is None:
+        return ""
+    predicted = model["allocated_gib"] * _GIB
+    return f"; the memory model said {gib(predicted)} ({(predicted - peak) / peak:+.1%})" if peak else ""
 
 
 # ---------------------------------------------------------------------------------------- the record

@@ -111,6 +111,18 @@ def worst_case_batch(num_tokens: int, vocab: int) -> PackedBatch:
     return packed_batch(lengths, vocab, prompt_share=0.0)
 
 
+def worst_case_anchors(num_tokens: int, num_anchors: int, block_size: int) -> torch.Tensor:
+    """Preflight's anchors in ``worst_case_batch(num_tokens)``: late in their documents, where a query sees the
+    most keys, spread over the documents; one pass holds them all over the whole batch as context."""
+    starts = torch.arange(0, num_tokens, DOC_TOKENS)
+    ends = torch.clamp(starts + DOC_TOKENS, max=num_tokens)
+    late = torch.cat([torch.arange(max(s, e - block_size - (num_anchors // len(starts) + 1)), e - block_size)
+                      for s, e in zip(starts.tolist(), ends.tolist())])
+    if len(late) >= num_anchors:
+        return late[-num_anchors:]
+    return torch.arange(num_tokens - num_anchors - 1, num_tokens - 1)
+
+
 # ------------------------------------------------------------------------------------------ FLOPs per sample
 def reference_target_flops(shape: DecoderShape, num_layers_run: int, mean_length: int = MEAN_LENGTH) -> float:
     """Target FLOPs of one sample of the reference workload (one document)."""
