@@ -17,6 +17,10 @@ CARD_NAME = "README.md"
 
 def serving_commands(config, *, drafter: str = "$DRAFTER", target: str = "$TARGET") -> dict[str, str]:
     """Shell commands that serve ``config``'s drafter with ``target``: {'sglang': ..., 'vllm': ...}."""
+    if getattr(config, "markov_rank", None) is not None:  # a DSpark drafter (model.dspark)
+        from draftline.checkpoint.dspark_card import dspark_serving_commands
+
+        return dspark_serving_commands(config, drafter=drafter, target=target)
     block_size = int(config.block_size)
     spec = json.dumps({"method": "dflash", "model": drafter, "num_speculative_tokens": block_size - 1})
     # Mixed layer types need vLLM's V2 model runner (the serving check warns about them).
@@ -35,6 +39,10 @@ def is_mixed(config) -> bool:
 
 def model_card(config, *, target_name: str, num_parameters: int, warnings: list[str] = ()) -> str:
     """README.md text for the exported drafter ``config`` of the target named ``target_name``."""
+    if getattr(config, "markov_rank", None) is not None:  # a DSpark drafter (model.dspark)
+        from draftline.checkpoint.dspark_card import dspark_model_card
+
+        return dspark_model_card(config, target_name=target_name, num_parameters=num_parameters, warnings=warnings)
     dflash = config.dflash_config
     types = list(config.layer_types)
     layers = ", ".join(f"{types.count(t)} x {t}" for t in dict.fromkeys(types))

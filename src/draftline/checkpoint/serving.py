@@ -27,9 +27,10 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME, read_drafter_config
+from draftline.checkpoint.export import CONFIG_NAME, WEIGHTS_NAME, read_drafter_config, read_drafter_config_json
 from draftline.errors import DraftlineError
 from draftline.model.config import text_config
+from draftline.model.dspark import is_dspark_config
 
 # The engine code these rules were read from (their DFlash loaders, config parsing and weight loading).
 ENGINES_READ = {"vLLM": "0.33.0", "SGLang": "0.5.23"}
@@ -146,6 +147,10 @@ def inspect_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig,
 def _inspect(path: Path, target_dir: Path | None, target: PretrainedConfig) -> ServingCheck:
     """Every check of the drafter in ``path`` against the target's text config ``target`` (and its
     tokenizer, with ``target_dir``)."""
+    if is_dspark_config(read_drafter_config_json(path)):  # DSpark's rules: checkpoint.dspark_serving
+        from draftline.checkpoint.dspark_serving import inspect_dspark_dir
+
+        return inspect_dspark_dir(path, target_dir, target)
     data, config, config_error = read_drafter_config(path)
     check = ServingCheck(path, data=data, config=config, config_error=config_error)
     _check_format(data, check)
