@@ -41,11 +41,21 @@ class DSparkProposer(DFlashProposer):
         block = torch.full((self.block_size,), self.mask_token_id, dtype=torch.long, device=new_features.device)
         block[0] = anchor
         hidden = self.block_hidden(block, anchor_pos, new_features)[:num_drafts]  # [g, H]
-        base = self.head_logits(hidden)  # [g, V]
-        drafts = torch.empty(num_drafts, dtype=torch.long, device=block.device)
+        drafts, probs = self.draw(self.head_logits(hidden), hidden, block[0], sampling, generator)
+        previous = torch.cat([block[:1], drafts[:-1]])
+        confidence = self.drafter.confidence_logits(hidden, previous)
+        if confidence is not None:
+            self.confidences.append(confidence.sigmoid())
+        return drafts, probs
+
+    def draw(self, base: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor, sampling: Sampling,
+             generator: torch.Generator | None):
+        """Slot by slot: the Markov-corrected logits of slot k from the draft before it (the anchor for slot 0),
+        then its draft. base [g, V], hidden [g, H] -> (drafts [g], their distributions [g, V] or None)."""
+        drafts = torch.empty(base.shape[0], dtype=torch.long, device=base.device)
         probs = []
-        prev = block[0]
-        for k in range(num_drafts):  # each slot reads the draft before it
+        prev = anchor
+        for k in range(base.shape[0]):
             logits = self.drafter.markov_logits(base[k], prev, hidden[k])
             if sampling.greedy:
                 drafts[k] = logits.argmax()
@@ -53,8 +63,4 @@ class DSparkProposer(DFlashProposer):
                 probs.append(probabilities(logits, sampling))
                 drafts[k] = torch.multinomial(probs[-1], 1, generator=generator)[0]
             prev = drafts[k]
-        previous = torch.cat([block[:1], drafts[:-1]])
-        confidence = self.drafter.confidence_logits(hidden, previous)
-        if confidence is not None:
-            self.confidences.append(confidence.sigmoid())
         return drafts, (torch.stack(probs) if probs else None)

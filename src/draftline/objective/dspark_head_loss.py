@@ -17,10 +17,12 @@ and the function returns ``sum w (ce_weight CE + l1_weight L1)`` with the gradie
 (the L1 term's gradient through the softmax; ``sign(0) = 0``, as autograd's ``abs``), ``dh = dz_raw W_head``,
 ``dl = dz W2``, ``dW2 = dz^T l``. Backward then only scales them: nothing of ``[rows, vocab]`` is kept.
 
-Memory per chunk of R rows at vocabulary V, fp32: the corrected logits (then q, then dz), the teacher's
-distribution (then q - p, then its sign), and one transient of the same size (a matmul's output, a reduction's
-temporary): about ``3 * R * V * 4`` bytes (4 with a softcap, whose derivative is kept). At V = 248,320 that is
-2.8 GiB for R = 1,024. ``W2``'s gradient is one fp32 [V, r] buffer for the whole call.
+The matmuls (the head, the bias ``l W2^T`` and the three gradients) run in the head's dtype (bf16 in training,
+as DeepSpec's under autocast); the softmaxes, the reductions and ``dz`` in fp32. Memory per chunk of R rows at
+vocabulary V: the corrected logits (then q, then dz), the teacher's distribution (then q - p, then its sign),
+and one transient of the same size (a reduction's temporary; a matmul's output at half that in bf16): about
+``3 * R * V * 4`` bytes (4 with a softcap, whose derivative is kept). At V = 248,320 that is 2.8 GiB for
+R = 1,024. ``W2``'s gradient is one fp32 [V, r] buffer for the whole call (254 MB at r = 256).
 """
 
 from __future__ import annotations
@@ -67,14 +69,15 @@ class _DSparkHeadLoss(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_latent = torch.empty_like(latent) if need_latent else None
         grad_w2 = torch.zeros(w2.shape, dtype=dtype, device=device) if need_w2 else None
-        w2_32 = w2.to(dtype)
+        mm = head.dtype  # every matmul in the head's dtype (bf16 in training, as under autocast); the rest fp32
+        w2_mm = w2.to(mm)
         for start in range(0, rows, chunk_rows):
             end = min(start + chunk_rows, rows)
             label = labels[start:end]
-            lat = latent[start:end].to(dtype)
+            lat = latent[start:end].to(mm)
             weights = row_weights[start:end].to(dtype)
             z, slope = _scaled_logits(hidden[start:end], head, multiplier, softcap)
-            z.addmm_(lat, w2_32.t())  # + the Markov bias W2 l
+            z += lat @ w2_mm.t()  # + the Markov bias W2 l
             lse = torch.logsumexp(z, dim=-1)
             ce = lse - z.gather(1, label[:, None]).squeeze(1)
             correct[start:end] = z.argmax(dim=-1) == label
@@ -95,16 +98,15 @@ class _DSparkHeadLoss(torch.autograd.Function):
             grad_z[torch.arange(end - start, device=device), label] -= ce_weight
             grad_z.mul_(weights[:, None])
             del sign
+            grad_mm = grad_z.to(mm)
             if need_w2:
-                grad_w2.addmm_(grad_z.t(), lat)
+                grad_w2 += grad_mm.t() @ lat
             if need_latent:
-                grad_latent[start:end] = (grad_z @ w2_32).to(latent.dtype)
+                grad_latent[start:end] = (grad_mm @ w2_mm).to(latent.dtype)
             if need_h:
-                if slope is not None:
-                    grad_z.mul_(slope)
-                elif multiplier != 1.0:
-                    grad_z.mul_(multiplier)
-                grad_h[start:end] = (grad_z.to(head.dtype) @ head).to(hidden.dtype)
+                if slope is not None or multiplier != 1.0:  # through the softcap and the multiplier to the raw logits
+                    grad_mm = grad_z.mul_(slope if slope is not None else multiplier).to(mm)
+                grad_h[start:end] = (grad_mm @ head).to(hidden.dtype)
         ctx.save_for_backward(grad_h, grad_latent, None if grad_w2 is None else grad_w2.to(w2.dtype))
         loss = ce_weight * ce_sum + l1_weight * l1_sum
         ctx.mark_non_differentiable(ce_sum, l1_sum, accept, correct)
