@@ -49,5 +49,6 @@ def specforge_online(model, embed, head, *, block_size, gamma, anchors, chunk_bl
                                attention_backend="sdpa", num_anchors=len(anchors), loss_decay_gamma=gamma,
                                objective_chunk_blocks=chunk_blocks, **weights)
     fixed = torch.tensor([list(anchors)])
-    online._sample_anchor_positions = lambda seq_len, loss_mask, device: (fixed, torch.ones_like(fixed, dtype=torch.bool))
+    keep = torch.ones_like(fixed, dtype=torch.bool)
+    online._sample_anchor_positions = lambda seq_len, loss_mask, device: (fixed, keep)
     return online

@@ -63,13 +63,12 @@ def test_a_missing_top_level_field_or_a_dflash_config_is_named(qwen3_target, tmp
         load_drafter(path)
 
 
-peer = pytest.importorskip("specforge.modeling.draft.dspark", reason="specforge==0.2.0 --no-deps (make test installs it)")
-
-
 @pytest.mark.parametrize("kind,with_markov", [("vanilla", True), ("gated", False)])
 def test_the_export_loads_into_specforges_dspark_model(qwen3_target, tmp_path, kind, with_markov):
     """SpecForge's DSparkDraftModel, built from the exported config (its heads' fields in its dflash_config),
     takes every tensor of model.safetensors by name, strictly, and nothing is left over."""
+    peer = pytest.importorskip("specforge.modeling.draft.dspark",
+                               reason="specforge==0.2.0 --no-deps (make test installs it)")
     from draftline.checkpoint.export import load_drafter_config
     from dspark_reference import specforge_config
 

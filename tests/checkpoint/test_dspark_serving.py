@@ -63,7 +63,8 @@ def _drop(name):
 
 
 @pytest.mark.parametrize("change,pattern", [
-    (_put("architectures", ["DFlashDraftModel"]), "architectures: is ['DFlashDraftModel']; vLLM 0.33.0 picks the dspark"),
+    (_put("architectures", ["DFlashDraftModel"]),
+     "architectures: is ['DFlashDraftModel']; vLLM 0.33.0 picks the dspark"),
     (_put("model_type", "llama"), "model_type: is 'llama'"),
     (_put("block_size", 0), "block_size: is 0"),
     (_drop("mask_token_id"), "mask_token_id: is None; SGLang 0.5.23 refuses"),

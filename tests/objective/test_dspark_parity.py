@@ -7,14 +7,11 @@ import pytest
 import torch
 
 from draftline.data.batch import PackedBatch
-from draftline.objective.dspark import (BCE_SUM, CE_SUM, CONFIDENCE_ERROR_SUM, L1_SUM, TAU_SUM, DSparkLoss,
-                                        DSparkObjective, summarize_dspark)
+from draftline.objective.dspark import (BCE_SUM, CE_SUM, CONFIDENCE_ERROR_SUM, L1_SUM, DSparkLoss, DSparkObjective,
+                                        summarize_dspark)
 from draftline.objective.loss import ObjectiveSettings
 from draftline.objective.metrics import LOSS_SUM, WEIGHT_SUM, metrics_size
 from helpers import make_dspark_drafter
-
-pytest.importorskip("specforge.algorithms.common.dflash_family_model",
-                    reason="specforge==0.2.0 --no-deps (make test installs it)")
 
 SEQ, BLOCK, HIDDEN, VOCAB = 22, 4, 32, 64
 
@@ -41,13 +38,16 @@ def _close(ours, theirs, what):
 @pytest.mark.parametrize("kind,with_markov,chunk", [("vanilla", True, 5), ("gated", True, 1024), ("vanilla", False, 3),
                                                     ("gated", False, 7)])
 def test_loss_terms_metrics_and_gradients_equal_specforges(kind, with_markov, chunk):
+    pytest.importorskip("specforge.algorithms.common.dflash_family_model",
+                        reason="specforge==0.2.0 --no-deps (make test installs it)")
     from dspark_reference import specforge_drafter, specforge_online
 
     ids, mask, anchors, features, final, embed, head = _data(seed=len(kind) + chunk)
     drafter = make_dspark_drafter(markov_head_type=kind, with_markov=with_markov, block_size=BLOCK, std=0.2)
     theirs = specforge_drafter(drafter)
 
-    objective = DSparkObjective(drafter, embed, head, ObjectiveSettings(attention="dense"), DSparkLoss(chunk_rows=chunk))
+    objective = DSparkObjective(drafter, embed, head, ObjectiveSettings(attention="dense"),
+                                DSparkLoss(chunk_rows=chunk))
     assert objective.gamma == 4.0 and objective.feature_width == 3 * HIDDEN
     batch = PackedBatch.from_documents([(ids.tolist(), mask.tolist())])
     blocks = objective.build(batch, anchors)

@@ -33,6 +33,7 @@ from draftline.model.drafter import DFlashDrafter
 DSPARK_ARCHITECTURE = "Qwen3DSparkModel"
 DEFAULT_MARKOV_RANK = 256
 MARKOV_HEAD_TYPES = ("vanilla", "gated")
+_HEAD_TYPES = " or ".join(MARKOV_HEAD_TYPES)
 DSPARK_FIELDS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
 
 
@@ -71,7 +72,7 @@ def validate_dspark_config(config: Qwen3Config) -> None:
                              "SGLang refuses a DSpark drafter without one")
     kind = getattr(config, "markov_head_type", None)
     if kind not in MARKOV_HEAD_TYPES:
-        raise DraftlineError(f"markov_head_type={kind!r}: draftline builds {' or '.join(MARKOV_HEAD_TYPES)} Markov heads")
+        raise DraftlineError(f"markov_head_type={kind!r}: draftline builds {_HEAD_TYPES} Markov heads")
     for name in ("enable_confidence_head", "confidence_head_with_markov"):
         if not isinstance(getattr(config, name, None), bool):
             raise DraftlineError(f"{name}={getattr(config, name, None)!r}: it must be true or false")
@@ -87,7 +88,7 @@ class MarkovHead(nn.Module):
     def __init__(self, vocab_size: int, rank: int, hidden_size: int, kind: str = "vanilla"):
         super().__init__()
         if kind not in MARKOV_HEAD_TYPES:
-            raise DraftlineError(f"markov_head_type={kind!r}: draftline builds {' or '.join(MARKOV_HEAD_TYPES)} Markov heads")
+            raise DraftlineError(f"markov_head_type={kind!r}: draftline builds {_HEAD_TYPES} Markov heads")
         self.kind = kind
         self.markov_w1 = nn.Embedding(vocab_size, rank)
         self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
