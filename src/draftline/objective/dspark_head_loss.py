@@ -19,10 +19,10 @@ and the function returns ``sum w (ce_weight CE + l1_weight L1)`` with the gradie
 
 The matmuls (the head, the bias ``l W2^T`` and the three gradients) run in the head's dtype (bf16 in training,
 as DeepSpec's under autocast); the softmaxes, the reductions and ``dz`` in fp32. Memory per chunk of R rows at
-vocabulary V: the corrected logits (then q, then dz), the teacher's distribution (then q - p, then its sign),
-and one transient of the same size (a reduction's temporary; a matmul's output at half that in bf16): about
-``3 * R * V * 4`` bytes (4 with a softcap, whose derivative is kept). At V = 248,320 that is 2.8 GiB for
-R = 1,024. ``W2``'s gradient is one fp32 [V, r] buffer for the whole call (254 MB at r = 256).
+vocabulary V, at most: the corrected logits and their log-softmax (then q, then dz), the teacher's distribution
+(then q - p, then its sign) and, while it is formed, the teacher's bf16 logits: about ``2.5 * R * V * 4`` bytes
+with a bf16 head (3 with an fp32 head; one more with a softcap, whose derivative is kept). At V = 248,320 that
+is 2.4 GiB for R = 1,024. ``W2``'s gradient is one fp32 [V, r] buffer for the whole call (254 MB at r = 256).
 """
 
 from __future__ import annotations
@@ -31,9 +31,14 @@ import torch
 
 
 def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, softcap: float | None):
-    """(fp32 logits [R, V] (fp64 for an fp64 head), d logits / d raw or None): the head as
-    ``objective.head_loss`` applies it."""
-    logits = (h.to(weight.dtype) @ weight.t()).to(torch.promote_types(weight.dtype, torch.float32))
+    """(logits [R, V], d logits / d raw or None): the head as ``objective.head_loss`` applies it. Plain logits stay
+    in the head's dtype (the caller's fp32 softmax reads them without an fp32 copy); scaled ones are fp32 (fp64 for
+    an fp64 head)."""
+    raw = h.to(weight.dtype) @ weight.t()
+    if multiplier == 1.0 and not softcap:
+        return raw, None
+    logits = raw.to(torch.promote_types(weight.dtype, torch.float32))
+    del raw
     if multiplier != 1.0:
         logits.mul_(multiplier)
     slope = None
@@ -77,15 +82,18 @@ class _DSparkHeadLoss(torch.autograd.Function):
             lat = latent[start:end].to(mm)
             weights = row_weights[start:end].to(dtype)
             z, slope = _scaled_logits(hidden[start:end], head, multiplier, softcap)
+            z = z.to(dtype)
             z += lat @ w2_mm.t()  # + the Markov bias W2 l
-            lse = torch.logsumexp(z, dim=-1)
-            ce = lse - z.gather(1, label[:, None]).squeeze(1)
-            correct[start:end] = z.argmax(dim=-1) == label
-            q = z.sub_(lse[:, None]).exp_()  # softmax, in place
-            diff, _ = _scaled_logits(teacher[start:end], head, multiplier, softcap)
-            diff = diff.sub_(torch.logsumexp(diff, dim=-1, keepdim=True)).exp_()  # p, in place
-            diff = diff.neg_().add_(q)  # q - p
-            l1 = torch.linalg.vector_norm(diff, ord=1, dim=-1)
+            log_q = torch.log_softmax(z, dim=-1)
+            del z
+            ce = -log_q.gather(1, label[:, None]).squeeze(1)
+            correct[start:end] = log_q.argmax(dim=-1) == label
+            q = log_q.exp_()  # in place
+            raw, _ = _scaled_logits(teacher[start:end], head, multiplier, softcap)
+            diff = torch.log_softmax(raw, dim=-1, dtype=dtype).exp_()  # p, the same arithmetic as q
+            del raw
+            diff = diff.neg_().add_(q)  # q - p, in place
+            l1 = torch.linalg.vector_norm(diff, ord=1, dim=-1)  # |.| inside the reduction: no temporary
             accept[start:end] = (1.0 - 0.5 * l1).clamp(0.0, 1.0)
             ce_sum = ce_sum + (ce * weights).sum()
             l1_sum = l1_sum + (l1 * weights).sum()
