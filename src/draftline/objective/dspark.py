@@ -52,8 +52,8 @@ class DSparkLoss:
     confidence_weight: float = 1.0
     """Binary cross-entropy of the confidence head against the slot's expected acceptance."""
     chunk_rows: int = 1024
-    """Labelled rows whose full-vocabulary distributions exist at once: about 3 x rows x vocab x 4 bytes
-    (2.8 GiB at 1,024 rows and a 248K vocabulary)."""
+    """Labelled rows whose full-vocabulary distributions exist at once: about 2.5 x rows x vocab x 4 bytes with a
+    bf16 head (2.4 GiB at 1,024 rows and a 248K vocabulary; ``objective.dspark_head_loss``)."""
 
     def __post_init__(self):
         for name in ("ce_weight", "l1_weight", "confidence_weight"):
