@@ -9,7 +9,7 @@ SPECULATORS := "speculators==0.9.0" "hs-connectors==0.9.0" "loguru==0.7.3" "open
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean
+.PHONY: demo test clean
 
 # The demo needs draftline and torch; the tests add pytest and the references they compare against.
 $(BIN)/.demo: pyproject.toml Makefile
@@ -26,6 +26,9 @@ $(BIN)/.installed: $(BIN)/.demo
 	# A third-party consumer of the export format: speculators' DFlash converter, with only what its
 	# import needs (its full install pins torchvision/torchaudio and an older transformers).
 	$(BIN)/pip install -q --no-deps $(SPECULATORS)
+	# An older transformers (before its cache rewinds linear-attention layers), beside the environment, not in it:
+	# tests/evaluate/test_old_transformers.py runs the decoder's own rollback on it in a subprocess.
+	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/compat/transformers-5.24.0 "transformers==5.24.0"
 	touch $@
 
 # The demo's 9.5 minutes count from the moment `make demo` was typed: the set-up's time is theirs too.

@@ -15,7 +15,8 @@ import time
 import torch
 from transformers import Qwen3Config
 
-from draftline.checkpoint.state import TrainerState, save_checkpoint, wait_for_checkpoint
+from draftline.checkpoint.state import TrainerState, save_checkpoint
+from draftline.checkpoint.writer import wait_for_checkpoint
 from draftline.config import OptimConfig
 from draftline.model.config import build_drafter_config
 from draftline.model.drafter import DFlashDrafter
@@ -23,10 +24,12 @@ from draftline.pipeline.optim import build_optimizer, build_scheduler
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=4, help="drafter layers (default: %(default)s)")
+    parser.add_argument("--hidden", type=int, default=1024,
+                        help="hidden size; the MLP is 3x (default: %(default)s: a 55M-parameter drafter, 0.6 GiB with AdamW)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where the drafter lives (default: cuda when present)")
     args = parser.parse_args()
     target = Qwen3Config(vocab_size=1000, hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=28,
                          num_attention_heads=8, num_key_value_heads=4, head_dim=128, max_position_embeddings=4096)

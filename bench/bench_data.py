@@ -87,7 +87,7 @@ def bench_host_time(work: Path, num_samples: int = 3000, vocab_size: int = 151_9
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=300, help="conversations to prepare")
     parser.add_argument("--workers", type=int, default=1, help="prepare worker processes")
     args = parser.parse_args()

@@ -1,52 +1,69 @@
-"""Benchmark the roles of the training line and print one table (docs/FLOPS.md conventions).
+"""The roles of the training line on one device, and the line itself: one table (docs/FLOPS.md conventions).
 
-    python bench/bench_line.py --shape 8b                 # on a GPU: the Qwen3-8B-shaped workloads
-    python bench/bench_line.py --shape tiny --device cpu  # a quick check that the script runs
+    python bench/bench_line.py --shape 8b --budget 32768 --line  # on a GPU: the 8B rows of the README's table
+    python bench/bench_line.py --shape tiny --device cpu --iters 2 --budget 2048 --skip drafter-3072 \
+        --no-compile --line --line-steps 3 --line-samples 40     # a quick check that the script runs (CPU, minutes)
     python bench/bench_line.py --shape 27b-hybrid --skip target drafter-3072 drafter-packed --line \
-        --budget 32768 --line-steps 6 --line-free-target-disk   # the 27B-shaped hybrid line, one H200
+        --budget 16384 --max-query-rows 8192 --line-steps 10 --line-samples 120 --line-free-target-disk \
+        --line-args "--gpu-memory-gib 96"                         # the 27B-shaped hybrid line, one H200
 
-Workloads (random bf16 weights built from a config; weights do not matter for speed):
-- target:  the frozen target's feature pass over packed batches of log-normal lengths (mean ~2.8K,
-  capped at 8K) filling the token budget;
+Workloads (random weights built from a config; weights do not matter for speed), each skippable with --skip:
+- target: the frozen target's feature pass over packed batches of log-normal lengths (mean ~2.8K,
+  capped at 8K) filling the token budget, eager and then compiled (``--no-compile``: eager only);
+  with a hybrid shape (27b-hybrid, tiny-hybrid) on a GPU it needs flash-linear-attention;
 - drafter-3072: one 3,072-token sample with 512 anchors, block 16: forward, backward, AdamW step
-  (the SpecForge comparison point, docs/PERF_NOTES.md: 192 ms/sample, 47% MFU on the same H200);
+  (the comparison point with SpecForge's own step, docs/benchmarks/2026-12-drafter-step.md);
 - drafter-packed: a packed batch at the token budget, 512 anchors per document, in passes of
   --max-query-rows rows, with the optimizer step;
-- line: (with --line) `draftline train` colocated on one device for --line-steps steps, numbers
-  from its metrics.jsonl. If preflight refuses the configuration, its refusal and suggestion are
-  reported and the line runs again with what it suggests (``--line-retries``). ``--shape 27b-hybrid``
-  is the Qwen3.6-27B-shaped hybrid target (bench_target.py's shapes), all 64 layers saved (~54 GB);
+- line (with --line): `draftline train` colocated on one device for --line-steps steps, numbers
+  from its metrics.jsonl (steady state: the monitor's medians over the second half of its records).
+  If preflight refuses the configuration, its refusal and suggestion are reported and the line runs
+  again with what it suggests (``--line-retries``). The 27b-hybrid target is saved whole (~54 GB);
   ``--line-free-target-disk`` deletes the saved weights once the line has loaded them, so that the
-  final checkpoint (~26 GB for its drafter and AdamW state) fits beside on a 64 GiB disk.
-FLOPs come from draftline.monitor.flops. Two MFU figures: against the GPU's spec dense bf16 peak
+  final checkpoint (~26 GB for its drafter and AdamW state) fits beside it on a 64 GiB disk.
+Drafter steps run back to back as the drafter role trains them (each step's record read one step
+late); a step's time is the GPU timeline between the ends of consecutive steps (CUDA events).
+FLOPs come from the package's FLOP counter. Two MFU figures: against the GPU's spec dense bf16 peak
 (989 TFLOP/s for an H100/H200, the figure the field quotes) and against the measured matmul
-ceiling (``resolve_peak``: 788 TFLOP/s on the development H200). Peak memory is per role:
+ceiling (788 TFLOP/s on the H200 of docs/benchmarks/). Peak memory is per row:
 ``max_memory_allocated`` after a reset (``max_memory_reserved`` beside it); a drafter row holds one
-batch's features at a time, as the drafter role does.
+batch's features at a time, as the drafter role does. Each row also carries the GPU's SM clock, power
+and what NVML says held the clock back over the timed steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
+import io
 import json
+import math
+import re
+import shutil
 import statistics
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from draftline.model.attention import auto_backend
-from draftline.model.config import build_drafter_config
-from draftline.model.target import TargetFeatures
-from draftline.monitor.clocks import ClockWatch
-from draftline.monitor.flops import TargetShape, resolve_peak, target_flops
-from workloads import (  # noqa: F401  (other scripts imported these from here)
+from workloads import (  # bench/ is on sys.path when run as a script
     HYBRID, SHAPES, lognormal_lengths, make_worker, packed_batch, peak_gib, random_target, reserved_gib, reset_peak,
     spec_peak, sync, target_config, train_step,
 )
+
+from draftline.model.attention import auto_backend
+from draftline.model.config import build_drafter_config
+from draftline.model.drafter import DFlashDrafter
+from draftline.model.target import TargetFeatures
+from draftline.monitor.clocks import ClockWatch
+from draftline.sizing.flops import TargetShape, resolve_peak, target_flops
 from draftline.pipeline.transport import Delivery
+
 
 def bench_target(args, device, dtype, peak, rows):
     from draftline.model import linear_attention
@@ -151,6 +168,198 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
     del worker, embed, head
 
 
+# --------------------------------------------------------------------------------------------------
+# The line (--line): `draftline train` colocated on one device, on a random target saved with
+# save_pretrained and a prepared dataset of random tokens (``line_inputs``, also used by multi_gpu.py).
+
+
+def _weights(target_dir: Path) -> list[Path]:
+    return sorted(p for p in target_dir.glob("*") if p.name.endswith((".safetensors", ".safetensors.index.json")))
+
+
+def line_inputs(shape: str, budget: int, samples: int, workdir: str | None, device: torch.device,
+                reserve_bytes: int = 0) -> tuple[Path, dict]:
+    """A random target (saved with save_pretrained) and a prepared dataset of random tokens, in a
+    work folder (reused if already there). Refuses before writing when the disk cannot also hold
+    ``reserve_bytes`` (what the run itself will write). Returns the folder and timings."""
+    from draftline.data.dataset import DatasetWriter
+
+    work = Path(workdir or tempfile.mkdtemp(prefix="draftline-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    target_dir = work / "target"
+    info: dict = {}
+    if not ((target_dir / "config.json").is_file() and _weights(target_dir)):
+        start = time.perf_counter()
+        model = random_target(shape, device, torch.bfloat16, "sdpa")
+        sync(device)
+        info["build_s"] = time.perf_counter() - start
+        size = sum(p.numel() * p.element_size() for p in model.parameters())
+        free = shutil.disk_usage(work).free
+        info.update(target_bytes=size, disk_free_bytes=free)
+        print(f"line: random {shape} target built on {device} in {info['build_s']:.0f} s: {size / 1e9:.1f} GB of "
+              f"weights to write, {free / 1e9:.1f} GB free in {work}", flush=True)
+        if size + reserve_bytes > free:
+            raise SystemExit(f"line: {work} has {free / 1e9:.1f} GB free, the target needs {size / 1e9:.1f} GB and "
+                             f"the run {reserve_bytes / 1e9:.1f} GB more: pass --workdir on a larger disk"
+                             + ("" if reserve_bytes == 0 else " (or --line-free-target-disk)"))
+        start = time.perf_counter()
+        model.save_pretrained(target_dir, max_shard_size="5GB")  # one shard at a time in host memory
+        info["save_s"] = time.perf_counter() - start
+        print(f"line: saved with save_pretrained in {info['save_s']:.0f} s ({size / 1e9 / info['save_s']:.2f} GB/s)",
+              flush=True)
+        del model
+        gc.collect()
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+    data_dir = work / "data"
+    if not (data_dir / "meta.json").is_file():
+        rng = np.random.default_rng(1)
+        vocab = target_config(shape).vocab_size
+        writer = DatasetWriter(data_dir, vocab)
+        for _ in range(samples):
+            n = int(min(8192, budget, max(64, rng.lognormal(math.log(2826) - 0.18, 0.6))))
+            ids = rng.integers(0, vocab - 1, n)
+            mask = np.arange(n) >= n // 5
+            writer.add(ids, mask, [n])
+        writer.finish({"target_vocab_size": vocab, "source": "bench"})
+    return work, info
+
+
+def preflight_suggestion(message: str) -> list[str]:
+    """The flags preflight's refusal suggests: fewer query rows per pass (same budget, same work) first,
+    else a smaller token budget, else fewer queued batches, else activation checkpointing."""
+    # Suggested values are written without thousands separators; the configured ones ("32,768") with.
+    for pattern, flag in ((r"--max-query-rows (\d+) \(at --token-budget", "--max-query-rows"),
+                          (r"--token-budget (\d+)(?!,?\d)", "--token-budget"), (r"--q-hs (\d+)", "--q-hs")):
+        found = re.search(pattern, message)
+        if found:
+            return [flag, found.group(1)]
+    return ["--activation-checkpointing"] if "--activation-checkpointing" in message else []
+
+
+class _Tee(io.TextIOBase):
+    """stderr as it is, and a copy (preflight's refusal is printed there)."""
+
+    def __init__(self, stream):
+        self.stream, self.copy = stream, io.StringIO()
+
+    def write(self, text):
+        self.stream.write(text)
+        self.copy.write(text)
+        return len(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
+def _when_started(metrics: Path, action, stop: threading.Event) -> threading.Thread:
+    """Run ``action`` once the run logs its start record (target loaded, preflight passed)."""
+    def watch():
+        while not stop.wait(0.5):
+            try:
+                lines = metrics.read_text().splitlines()
+            except OSError:
+                continue
+            if any(line.startswith("{") and '"kind": "start"' in line for line in lines):  # the logger's json.dumps
+                action()
+                return
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def _drafter_checkpoint_bytes(shape: str) -> int:
+    """Disk for the final checkpoint and export: fp32 weights twice (drafter/ and state/), the AdamW state, a bf16
+    copy (18 B/parameter)."""
+    from draftline.model.config import build_drafter_config
+
+    with torch.device("meta"):
+        drafter = DFlashDrafter(build_drafter_config(target_config(shape)))
+    return 18 * sum(p.numel() for p in drafter.parameters())
+
+
+def run_line(args, device, rows, peak, spec_flops: float):
+    """`draftline train` colocated, on a random target saved with save_pretrained."""
+    from draftline.cli import main
+
+    reserve = 0 if args.line_free_target_disk else _drafter_checkpoint_bytes(args.shape)
+    work, info = line_inputs(args.shape, args.budget, args.line_samples, args.workdir, device, reserve)
+    target_dir, data_dir = work / "target", work / "data"
+    base = ["train", "--target", str(target_dir), "--data", str(data_dir), "--from-scratch",
+            "--token-budget", str(args.budget), "--max-steps", str(args.line_steps), "--epochs", "1",
+            "--log-every", str(args.line_log_every), "--save-every", "100000", "--save-every-minutes", "0",
+            "--no-tensorboard", "--q-hs", "2", "--max-query-rows", str(args.max_query_rows)] + (
+                ["--no-compile"] if args.no_compile else []) + args.line_args.split()
+    attempts, suggested = [], []
+    for attempt in range(1 + args.line_retries):
+        out = work / f"run-{attempt}"
+        argv = base + ["--out", str(out)] + suggested
+        stop = threading.Event()
+
+        def started():
+            if device.type == "cuda":  # from here on the peak is the training's, not preflight's
+                torch.cuda.reset_peak_memory_stats(device)
+            if args.line_free_target_disk:
+                files = _weights(target_dir)
+                size = sum(f.stat().st_size for f in files)
+                for f in files:
+                    f.unlink()
+                print(f"line: target loaded; deleted its {len(files)} weight files ({size / 1e9:.1f} GB) for the "
+                      "final checkpoint's room", flush=True)
+
+        _when_started(out / "metrics.jsonl", started, stop)
+        tee = _Tee(sys.stderr)
+        start = time.perf_counter()
+        print(f"line: attempt {attempt + 1}: draftline {' '.join(argv)}", flush=True)
+        try:
+            with contextlib.redirect_stderr(tee):
+                code = main(argv)
+        finally:
+            stop.set()
+        gc.collect()  # a refused attempt's target and drafter must be gone before the next one loads
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        refusal = next((line for line in tee.copy.getvalue().splitlines() if "preflight: the " in line), None)
+        record = {"argv": argv[1:], "exit": code, "seconds": time.perf_counter() - start, "refusal": refusal,
+                  "allocated_after_gib": torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None}
+        preflight_file = out / "preflight" / "rank-0.json"
+        if preflight_file.is_file():  # what preflight measured and allowed, per role (sizing/preflight.py)
+            record["preflight"] = {
+                role: {"peak_gib": round(v["peak_bytes"] / 2**30, 1), "limit_gib": round(
+                    (min(v["total"] * v["fraction"], v["free"] + v["reserved"]) - v["headroom"]) / 2**30, 1)}
+                for role, v in json.loads(preflight_file.read_text()).items()}
+        attempts.append(record)
+        print(f"line: attempt {attempt + 1}: exit {code} in {record['seconds']:.0f} s"
+              + (f"; preflight refused: {refusal}" if refusal else "")
+              + (f"; preflight {record['preflight']}" if "preflight" in record else ""), flush=True)
+        if code == 0 or not refusal:
+            break
+        suggested = preflight_suggestion(refusal)
+        if not suggested:
+            break
+        print(f"line: preflight suggests {' '.join(suggested)}; running again with it", flush=True)
+    peak_alloc = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    extra = {"attempts": attempts, **info}
+    records = []
+    if (out / "metrics.jsonl").is_file():
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    train = [r for r in records if r["kind"] == "train" and r.get("ktok_s")]
+    if code != 0 or not train:
+        rows.append({"workload": "line colocated", "role": "both", "note": f"failed (exit {code})", **extra})
+        return
+    last = train[len(train) // 2 :]  # steady state: the second half of the intervals
+    ktok = statistics.median(r["ktok_s"] for r in last)
+    tflops = statistics.median(r["tflops"] for r in last)
+    rows.append({"workload": f"{args.shape} line colocated, {args.budget} tok", "role": "target+drafter",
+                 "tokens_s": ktok * 1e3, "samples_s": statistics.median(r["samples_s"] for r in last),
+                 "tflops": tflops, "mfu": tflops * 1e12 / (peak.ceiling or peak.flops), "mfu_spec": tflops * 1e12 / spec_flops,
+                 "reserved_gib": float("nan"), "peak_alloc_gib": peak_alloc,
+                 "peak_gib": max((g.get("mem_used_gib") or 0 for r in last for g in r.get("gpus") or []), default=0) or float("nan"),
+                 "note": f"{' '.join(suggested) or 'defaults'}; steps {train[-1]['step']}, q_hs {last[-1]['q_hs']}, "
+                         f"drafter wait {last[-1]['drafter_wait']:.0%}, allocated peak {peak_alloc:.1f} GiB",
+                 **extra})
+
+
 SPEC = {"flops": float("nan")}  # set in main() from the device name
 
 
@@ -185,29 +394,44 @@ def print_table(rows, peak, out: Path | None):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(SHAPES) + sorted(HYBRID), default="8b")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--budget", type=int, default=49152)
-    parser.add_argument("--max-query-rows", type=int, default=32768)
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--head-chunk-rows", type=int, default=2048, help="rows of logits per LM-head chunk")
-    parser.add_argument("--no-compile", action="store_true", help="drafter and target layers eager (no torch.compile)")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES) + sorted(HYBRID), default="8b",
+                        help="the target's shape (Qwen3 8B/32B/1.7B, the Qwen3.6-27B hybrid, or tiny ones for a check); "
+                             "the drafter is the default 5-layer one for it, block 16 (default: %(default)s)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where to run (default: cuda when present; on CPU fp32 and no MFU)")
+    parser.add_argument("--budget", type=int, default=49152,
+                        help="tokens per packed batch: the target row, the packed drafter row and the line's "
+                             "--token-budget (default: %(default)s)")
+    parser.add_argument("--max-query-rows", type=int, default=32768,
+                        help="block rows per drafter pass (the line's --max-query-rows; default: %(default)s)")
+    parser.add_argument("--iters", type=int, default=5,
+                        help="timed batches per row, after 2 warm-up batches (default: %(default)s)")
+    parser.add_argument("--head-chunk-rows", type=int, default=2048,
+                        help="rows of logits per LM-head chunk in the drafter rows (default: %(default)s; "
+                             "train's default is 4096: 1.4-1.8 GiB more on the 8B drafter, not clearly faster)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="drafter and target layers eager (no torch.compile), in the rows and the line")
     parser.add_argument("--attention", default="auto", choices=["auto", "flex", "flash", "dense"],
-                        help="the drafter's attention ('flash': flex on FlashAttention-4's kernels)")
+                        help="the drafter's attention: auto (FlashAttention-4 where installed and it passes its check, "
+                             "else flex), flex (Triton kernels), flash (flex on FlashAttention-4's kernels), dense")
     parser.add_argument("--flex-options", type=json.loads, default=None,
                         help="JSON kernel options for flex's Triton kernels (e.g. block sizes), to compare with the default")
     parser.add_argument("--sync-each-step", action="store_true",
                         help="time each drafter step alone between device syncs (default: steps back to back, as trained)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["target", "drafter-3072", "drafter-packed"])
-    parser.add_argument("--line", action="store_true", help="also run `draftline train` colocated")
-    parser.add_argument("--line-steps", type=int, default=40)
-    parser.add_argument("--line-samples", type=int, default=1500)
+    parser.add_argument("--skip", nargs="*", default=[], choices=["target", "drafter-3072", "drafter-packed"],
+                        help="rows to leave out")
+    parser.add_argument("--line", action="store_true", help="also run `draftline train` colocated (the line row)")
+    parser.add_argument("--line-steps", type=int, default=40, help="the line's --max-steps (default: %(default)s)")
+    parser.add_argument("--line-samples", type=int, default=1500,
+                        help="random samples in the line's dataset (one epoch must hold --line-steps; default: %(default)s)")
     parser.add_argument("--line-log-every", type=float, default=10.0, help="seconds between the line's metrics records")
-    parser.add_argument("--line-retries", type=int, default=1, help="runs again with what a preflight refusal suggests")
+    parser.add_argument("--line-retries", type=int, default=1,
+                        help="times to run the line again with what a preflight refusal suggests (default: %(default)s)")
     parser.add_argument("--line-free-target-disk", action="store_true",
                         help="delete the saved target weights once the line has loaded them (disk for the checkpoint)")
-    parser.add_argument("--workdir", help="where --line keeps its target and data (reused if present)")
+    parser.add_argument("--workdir", help="where --line keeps its target and data (reused if present; default: a new "
+                                          "temporary folder)")
     parser.add_argument("--line-args", default="", help="more `draftline train` flags for --line, e.g. '--gpu-memory-gib 96'")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     args = parser.parse_args()
@@ -248,9 +472,7 @@ def main() -> int:
         sys.stdout.flush()
     if args.line:
         try:
-            from line_bench import bench_line  # the line mode's own module (it imports this one)
-
-            bench_line(args, device, rows, peak, SPEC["flops"])
+            run_line(args, device, rows, peak, SPEC["flops"])
         except Exception as exc:  # noqa: BLE001
             rows.append({"workload": "line", "role": "-", "note": f"failed: {type(exc).__name__}: {str(exc)[:200]}"})
     print_table(rows, peak, args.json)

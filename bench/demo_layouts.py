@@ -76,7 +76,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="a prepared demo dataset (demo-run/data)")
     parser.add_argument("--batches", type=int, default=400, help="drafter batches per layout")
-    parser.add_argument("--layouts", default="2+1,1+1,1+2,colocated2,colocated2-shard,single")
+    parser.add_argument("--layouts", default="2+1,1+1,1+2,colocated2,colocated2-shard,single",
+                        help="comma-separated layouts, named above (default: all)")
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args()
     results = []

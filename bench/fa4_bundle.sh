@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# FlashAttention-4 and its libraries for a machine with no network, as ONE xz archive (~56 MB) that
-# fits a 64 MiB transfer together with this repository. Python 3.12, x86-64, CUDA 13.
+# FlashAttention-4 and its libraries for a machine with no network, as one xz archive (~56 MB).
+# Python 3.12, x86-64, CUDA 13. Usage: bash bench/fa4_bundle.sh OUTDIR
 #
 #   bash bench/fa4_bundle.sh .fa4            # here (needs PyPI): writes .fa4/fa4.tar.xz
 #   S=/tmp/site4; mkdir -p $S; xz -d < .fa4/fa4.tar.xz | tar xf - -C $S       # there
@@ -11,7 +11,8 @@
 # kernels: torch-c-dlpack-ext (no build for torch >= 2.10, which exchanges DLPack natively), the
 # aarch64 stubs, tvm-ffi's third-party texts and the CuTe DSL profiler's injection library.
 set -euo pipefail
-out=${1:?usage: fa4_bundle.sh OUTDIR}
+case "${1:-}" in -h|--help|"") sed -n '2,12p' "$0" | cut -c3-; [ -n "${1:-}" ]; exit;; esac
+out=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

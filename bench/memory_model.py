@@ -13,7 +13,7 @@ colocated beside it, as ``draftline train`` does on one GPU, under a memory cap
 - drafter step: the peak of a training step (``--budget`` tokens, passes of ``--rows`` block rows) above
   what was resident: activations, the gradients, the features in hand.
 
-Each beside ``pipeline.plan``'s figure for it, with the error. One table at the end, and ``--json``.
+Each beside the planner's figure for it (``draftline plan``'s memory model), with the error. One table at the end, and ``--json``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from workloads import HYBRID, lognormal_lengths, make_worker, packed_batch, rand
 
 from draftline.model.config import build_drafter_config  # noqa: E402
 from draftline.model.target import TargetFeatures  # noqa: E402
-from draftline.monitor.flops import DrafterShape, TargetShape  # noqa: E402
-from draftline.pipeline.plan import drafter_memory, target_memory  # noqa: E402
+from draftline.sizing.flops import DrafterShape, TargetShape  # noqa: E402
+from draftline.sizing.plan import drafter_memory, target_memory  # noqa: E402
 from draftline.pipeline.transport import Delivery  # noqa: E402
 
 GIB = 2**30
@@ -54,12 +54,15 @@ def peak_of(fn) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="27b-hybrid")
-    parser.add_argument("--gpu-memory-gib", type=float, default=96.0)
-    parser.add_argument("--budget", type=int, default=16384)
-    parser.add_argument("--rows", type=int, default=4096)
-    parser.add_argument("--json", type=Path)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="27b-hybrid",
+                        help="the target's shape, as bench_line.py names them: 8b, 32b, 1.7b, 27b-hybrid (default: %(default)s)")
+    parser.add_argument("--gpu-memory-gib", type=float, default=96.0,
+                        help="cap this process at this much GPU memory, as train's --gpu-memory-gib (default: %(default)s)")
+    parser.add_argument("--budget", type=int, default=16384, help="tokens per batch, train's --token-budget (default: %(default)s)")
+    parser.add_argument("--rows", type=int, default=4096,
+                        help="block rows per drafter pass, train's --max-query-rows (default: %(default)s)")
+    parser.add_argument("--json", type=Path, help="also write the table as JSON")
     args = parser.parse_args()
     device = torch.device("cuda")
     total = torch.cuda.get_device_properties(0).total_memory

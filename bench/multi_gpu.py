@@ -7,7 +7,7 @@
 `splits` runs `draftline train --gpus N --targets T` for T = 1..N-1, `--gpus N --colocated` (a
 target and a drafter on every GPU, data-parallel drafters), and the one-GPU colocated line as the
 per-GPU baseline, on a random target saved with save_pretrained and random packed data
-(line_bench.line_inputs), and prints one table from each run's metrics.jsonl (steady state: tokens
+(bench_line.line_inputs), and prints one table from each run's metrics.jsonl (steady state: tokens
 trained over the second half of the logged intervals): Ktok/s, Ktok/s per GPU against colocated, MFU, queue
 depths, waits per side, memory per GPU, and the hidden-state transfer (GB/s of the sends and the
 share of the wall time the link was busy).
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from line_bench import line_inputs  # noqa: E402
+from bench_line import line_inputs  # noqa: E402
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -67,7 +67,8 @@ def summarize(out: Path, gpus: int, name: str) -> dict:
     span = end["elapsed_s"] - first["elapsed_s"]
     ktok_s = (end["tokens"] - first["tokens"]) / span / 1e3 if span > 0 and end["tokens"] > first["tokens"] else med("ktok_s")
     tflops = ktok_s * statistics.median(r["tflops"] / r["ktok_s"] for r in last)
-    mfu_value = tflops * statistics.median(r["mfu"] / r["tflops"] for r in last if r["tflops"])
+    ratios = [r["mfu"] / r["tflops"] for r in last if r["tflops"] and r.get("mfu") is not None]  # no MFU on CPU
+    mfu_value = tflops * statistics.median(ratios) if ratios else float("nan")
     mem: dict[int, float] = {}
     for r in last:
         for g in r.get("gpus", []):
@@ -194,16 +195,19 @@ def run_failure(args, work: Path, victim: int, role: str, targets: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["splits", "failures", "both"])
-    parser.add_argument("--shape", default="8b")
-    parser.add_argument("--gpus", type=int, default=torch.cuda.device_count() or 3)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--budget", type=int, default=32768)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--samples", type=int, default=600)
-    parser.add_argument("--q-hs", type=int, default=4)
+    parser.add_argument("mode", choices=["splits", "failures", "both"], help="what to run (above)")
+    parser.add_argument("--shape", default="8b", help="the target's shape, as bench_line.py names them (default: %(default)s)")
+    parser.add_argument("--gpus", type=int, default=torch.cuda.device_count() or 3,
+                        help="GPUs (or CPU ranks) to split (default: every visible GPU, 3 without CUDA)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda, or cpu for CPU ranks over gloo (default: cuda when present)")
+    parser.add_argument("--budget", type=int, default=32768, help="train's --token-budget (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per layout in splits (default: %(default)s)")
+    parser.add_argument("--samples", type=int, default=600, help="random samples in the dataset (default: %(default)s)")
+    parser.add_argument("--q-hs", type=int, default=4, help="train's --q-hs, batches of features queued (default: %(default)s)")
     parser.add_argument("--max-anchors", type=int, help="per document (default: the trainer's); small on CPU")
-    parser.add_argument("--timeout", type=float, default=400)
+    parser.add_argument("--timeout", type=float, default=400,
+                        help="seconds one run may take before its process group is killed (default: %(default)s)")
     parser.add_argument("--no-colocated", action="store_true", help="skip the one-GPU baseline")
     parser.add_argument("--workdir", help="keeps the random target and data (reused if present)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
@@ -213,7 +217,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.gpus < 2:
         parser.error("needs at least 2 GPUs (or --device cpu with --gpus >= 2)")
-    work = line_inputs(args.shape, args.budget, args.samples, args.workdir, torch.device(args.device))
+    work, _ = line_inputs(args.shape, args.budget, args.samples, args.workdir, torch.device(args.device))
     results: dict = {"shape": args.shape, "gpus": args.gpus, "budget": args.budget}
     if args.mode in ("splits", "both"):
         results["splits"] = run_splits(args, work)

@@ -131,17 +131,18 @@ def export(model, out: Path, args, drafter_cfg) -> Path:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, required=True, help="a dataset prepared by `draftline prepare`")
-    p.add_argument("--target", type=Path, required=True)
+    p.add_argument("--target", type=Path, required=True, help="the target's directory (Hugging Face format)")
     p.add_argument("--out", type=Path, required=True, help="writes OUT/final (the drafter) and OUT/peer.json")
-    p.add_argument("--draft-layers", type=int, default=3)
-    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--draft-layers", type=int, default=3, help="drafter layers (default: %(default)s)")
+    p.add_argument("--block-size", type=int, default=8, help="block size (default: %(default)s)")
     p.add_argument("--max-anchors", type=int, default=32, help="the peer's num_anchors (per row = per conversation)")
     p.add_argument("--max-batch-size", type=int, default=8, help="conversations per step (the peer's batch_size)")
-    p.add_argument("--token-budget", type=int, default=32768)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--lr", type=float, default=6e-4)
-    p.add_argument("--warmup-ratio", type=float, default=0.04)
-    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--token-budget", type=int, default=32768,
+                   help="draftline's batcher budget, so that a batch holds --max-batch-size conversations (default: %(default)s)")
+    p.add_argument("--epochs", type=int, default=2, help="passes over the data (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate (default: %(default)s)")
+    p.add_argument("--warmup-ratio", type=float, default=0.04, help="share of the steps in warm-up (default: %(default)s)")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="its gradient-norm clip (default: %(default)s)")
     p.add_argument("--peer-gamma", type=float, default=4.0,
                    help="its loss_decay_gamma; 4.0 = the paper's for block 8 (its configs set the paper's 7 for block 16)")
     p.add_argument("--peer-dtype", default="bfloat16", choices=["bfloat16", "float32"],
@@ -149,7 +150,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anchors", default="peer", choices=["peer", "ours"],
                    help="peer: its own torch.rand draw; ours: draftline's seeded draw (the same blocks)")
     p.add_argument("--target-layer-ids", default=None, help="override the peer's rule (comma-separated)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the batches' order and the peer's random init and draws")
     p.add_argument("--max-steps", type=int, default=None, help="stop early (smoke tests); the schedule spans these steps")
 
 

@@ -2,8 +2,8 @@
 
     python bench/profile_drafter.py --variants eager,compile --out /tmp/prof   # on a GPU
 
-Each variant builds a fresh drafter worker (bench_line's), warms it up, times ``--iters`` steps
-(``bench_line.train_step``, synchronised; median ms/sample), and records peak memory per phase of one
+Each variant builds a fresh drafter worker (workloads.make_worker, the product's builder), warms it up,
+times ``--iters`` steps (``workloads.train_step``, synchronised; median ms/sample), and records peak memory per phase of one
 step (forward, backward, optimizer). Optionally (``--detail``) it also lists the tensors saved for
 backward by source line (autograd saved-tensor hooks, eager only) and the top CUDA kernels of one
 step (torch.profiler). Variants (comma-separated, each a '+'-joined set of options):
@@ -41,7 +41,7 @@ from workloads import lognormal_lengths, make_worker, packed_batch, target_confi
 
 from draftline.model.config import build_drafter_config  # noqa: E402
 from draftline.monitor.clocks import ClockWatch  # noqa: E402
-from draftline.monitor.flops import resolve_peak  # noqa: E402
+from draftline.sizing.flops import resolve_peak  # noqa: E402
 from draftline.pipeline.transport import Delivery  # noqa: E402
 
 GIB = 2**30
@@ -343,17 +343,17 @@ def run_variant(name: str, args, device, dtype, peak) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="eager")
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--max-query-rows", type=int, default=32768)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", default="eager", help="comma-separated variants, each a '+'-joined set of the options above")
+    parser.add_argument("--iters", type=int, default=5, help="timed steps per variant (default: %(default)s)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation; default: %(default)s)")
+    parser.add_argument("--max-query-rows", type=int, default=32768, help="block rows per drafter pass (default: %(default)s)")
     parser.add_argument("--detail", action="store_true", help="saved-tensor and kernel reports")
-    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--top", type=int, default=25, help="kernels listed in the reports (0: none; default: %(default)s)")
     parser.add_argument("--trace-steps", type=int, default=0,
                         help="also profile this many steps back to back and report each step's busy and idle time")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--tag", default="")
+    parser.add_argument("--out", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--tag", default="", help="a label stored with each variant's result (e.g. the machine or commit)")
     args = parser.parse_args()
     device = torch.device("cuda")
     dtype = torch.bfloat16

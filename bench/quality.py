@@ -1,10 +1,16 @@
 """Acceptance length against the peer's own code, at the peer's budget, on two corpora; the official judge.
 
+    pip install --no-deps --target .venv-x/site specforge==0.2.0     # the `bench` extra, without its deps
     PY="nice -n 10 env PYTHONPATH=.venv-x/site:src OMP_NUM_THREADS=1 .venv/bin/python"
-    $PY bench/quality.py data --corpus demo --out Q/demo --conversations 1280     # stages 1-3 of the demo
-    $PY bench/quality.py data --corpus sitepkgs --out Q/sitepkgs --conversations 1280
-    $PY bench/quality.py run --corpus-dir Q/demo --arms peer,init,random --seeds 0,1,2
-    $PY bench/quality.py table Q/demo Q/sitepkgs > bench/QUALITY.md
+    $PY bench/quality.py data --corpus demo --out Q/demo --conversations 640         # stages 1-3 of the demo
+    $PY bench/quality.py data --corpus sitepkgs --out Q/sitepkgs --conversations 640
+    $PY bench/quality.py run --corpus-dir Q/demo --arms peer,init,random --seeds 0,1,2 --eval-prompts 32
+    $PY bench/quality.py run --corpus-dir Q/sitepkgs --arms peer,init,random --seeds 0,1,2 --eval-prompts 32
+    $PY bench/quality.py table Q/demo Q/sitepkgs
+
+The tables and their reading: docs/benchmarks/2026-12-acceptance-vs-peer.md (there the demo corpus was
+1,280 conversations regenerated, of which the first 640 were prepared again; each run takes 6-11 minutes
+on one CPU thread).
 
 Corpora (each: a target, its own regenerated training data, held-out prompts the training never sees):
 
@@ -24,7 +30,7 @@ peer script): every arm gets the peer's budget and settings, the flags of ``BUDG
 The judge: the official ``dflash`` package's ``DFlashDraftModel.from_pretrained`` on each run's
 exported drafter and its ``dflash_generate`` (greedy, block 8) on the held-out prompts with the
 target in fp32 on the CPU; tau = mean committed tokens per target step over all prompts. Training
-compute: the project's FLOP counter (``monitor/flops.py``) over the run's batches and the anchors
+compute: the project's FLOP counter (``sizing/flops.py``) over the run's batches and the anchors
 the run trains (target forward + drafter forward/backward), and the wall time of the training
 command (shared CPU: compare within one table only).
 """
@@ -179,8 +185,8 @@ def run_flops(corpus: dict, train: dict) -> dict:
     import argparse as ap
 
     from draftline.commands.train import add_arguments, config_from_args
-    from draftline.monitor.shapes import DrafterShape, TargetShape
-    from draftline.monitor.flops import drafter_flops_of_blocks, target_flops
+    from draftline.sizing.shapes import DrafterShape, TargetShape
+    from draftline.sizing.flops import drafter_flops_of_blocks, target_flops
     from draftline.objective.anchors import sample_anchors
     from draftline.objective.blocks import build_blocks
     from draftline.pipeline.spec import ModelSpec, plan_data
@@ -296,22 +302,23 @@ def table(corpus_dirs: list[Path], baseline: str = "peer") -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("data")
-    d.add_argument("--corpus", required=True, choices=["demo", "sitepkgs"])
-    d.add_argument("--out", type=Path, required=True)
-    d.add_argument("--conversations", type=int, default=1280)
-    d.add_argument("--seed", type=int, default=0)
-    r = sub.add_parser("run")
-    r.add_argument("--corpus-dir", type=Path, required=True)
-    r.add_argument("--arms", default="peer,init,random", help="comma-separated arm names")
+    d = sub.add_parser("data", help="make a corpus: conversations, the target's replies, the prepared dataset")
+    d.add_argument("--corpus", required=True, choices=["demo", "sitepkgs"],
+                   help="demo: chats from the Python standard library; sitepkgs: from other installed packages")
+    d.add_argument("--out", type=Path, required=True, help="the corpus directory (corpus.json, data/, runs/)")
+    d.add_argument("--conversations", type=int, default=1280, help="conversations to make (default: %(default)s)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the conversations' cut and order")
+    r = sub.add_parser("run", help="train each arm for each seed on a corpus, then judge it")
+    r.add_argument("--corpus-dir", type=Path, required=True, help="a directory made by `data`")
+    r.add_argument("--arms", default="peer,init,random", help="comma-separated arm names (default: %(default)s)")
     r.add_argument("--arm", action="append", default=[], help="NAME=FLAGS: define an arm (draftline train flags, "
                    "or peer:FLAGS for the peer script)")
-    r.add_argument("--seeds", default="0,1,2")
-    r.add_argument("--eval-prompts", type=int, default=48)
-    r.add_argument("--eval-max-new-tokens", type=int, default=64)
+    r.add_argument("--seeds", default="0,1,2", help="comma-separated seeds; a seed fixes the batches (default: %(default)s)")
+    r.add_argument("--eval-prompts", type=int, default=48, help="held-out prompts the judge decodes (default: %(default)s)")
+    r.add_argument("--eval-max-new-tokens", type=int, default=64, help="new tokens per prompt (default: %(default)s)")
     r.add_argument("--force", action="store_true", help="train and measure again")
-    t = sub.add_parser("table")
-    t.add_argument("corpus_dirs", type=Path, nargs="+")
+    t = sub.add_parser("table", help="print one table per corpus from its runs' result.json")
+    t.add_argument("corpus_dirs", type=Path, nargs="+", help="corpus directories")
     args = parser.parse_args()
 
     if args.cmd == "data":

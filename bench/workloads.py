@@ -1,20 +1,18 @@
-"""The benchmarks' shared workloads: model shapes (random weights built from a config), length mixes,
-packed batches, and drafter workers from the product's one builder. Every bench script imports these from
-here; nothing here imports a bench script."""
+"""The benchmarks' shared workloads: model shapes (random weights built from a config), the length mix and
+packed batches (the product's reference workload, ``draftline.sizing.workload``), and drafter workers from the
+product's one builder. Every bench script imports these from here; nothing here imports a bench script."""
 
 from __future__ import annotations
 
 import gc
-import math
 
-import numpy as np
 import torch
 
 from draftline.config import TrainConfig
-from draftline.data.batch import PackedBatch
-from draftline.monitor.peak import gpu_spec
+from draftline.sizing.peak import gpu_spec
+from draftline.sizing.workload import lognormal_lengths, packed_batch  # noqa: F401  (the scripts import them from here)
 from draftline.pipeline.build import build_drafter_worker
-from draftline.pipeline.health import Health, local_rank_info
+from draftline.distributed.health import Health, local_rank_info
 from draftline.pipeline.spec import ModelSpec, RunSpec
 
 HYBRID_SHAPES = {
@@ -74,29 +72,6 @@ def random_target(shape: str, device: torch.device, dtype: torch.dtype, attn: st
     finally:
         torch.set_default_dtype(torch.float32)
     return model
-
-
-def lognormal_lengths(rng: np.random.Generator, budget: int, mean: float = 2826, cap: int = 8192) -> list[int]:
-    """Document lengths filling ``budget``: log-normal around ``mean`` (sigma 0.6), capped."""
-    sigma = 0.6
-    mu = math.log(mean) - sigma**2 / 2
-    out, total = [], 0
-    while True:
-        n = int(min(cap, max(64, rng.lognormal(mu, sigma))))
-        if total + n > budget:
-            return out or [budget]
-        out.append(n)
-        total += n
-
-
-def packed_batch(lengths: list[int], vocab: int, seed: int, index: int = 0) -> PackedBatch:
-    g = torch.Generator().manual_seed(seed)
-    docs = []
-    for n in lengths:
-        ids = torch.randint(0, vocab - 1, (n,), generator=g).tolist()
-        prompt = max(1, n // 5)  # the response (80%) is trained
-        docs.append((ids, [i >= prompt for i in range(n)]))
-    return PackedBatch.from_documents(docs, sample_ids=list(range(index * 1000, index * 1000 + len(docs))), index=index)
 
 
 def spec_peak(device) -> float:

@@ -31,8 +31,17 @@ def line_data(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp("line_data") / "data")
 
 
+GPU_TEST_LIMIT_S = 300
+"""The hard limit of a GPU test that names none: a cold machine's first compiles included. pytest-timeout's
+thread method: a test stuck in a CUDA call or a collective cannot ignore it; it prints every thread's stack
+and ends the session (a hang is named, not waited for)."""
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
+        for item in items:
+            if "gpu" in item.keywords and item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(GPU_TEST_LIMIT_S, method="thread"))
         return
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from draftline.sizing.workload import packed_batch
+
 
 def make_qwen3_target(path, *, vocab_size=320, hidden_size=64, num_layers=8, num_heads=4, num_kv_heads=2,
                       head_dim=16, intermediate_size=128, seed=0, tie=False):
@@ -75,24 +77,24 @@ def make_qwen3_5_target(path, *, seed=0, **overrides):
     return path
 
 
-def make_qwen3_5_moe_target(path, *, seed=0):
+def make_qwen3_5_moe_target(path, *, seed=0, **overrides):
     """A tiny ``qwen3_5_moe_text`` target: routed experts plus a shared expert."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
     torch.manual_seed(seed)
-    config = Qwen3_5MoeTextConfig(**_HYBRID, **_MOE, shared_expert_intermediate_size=32)
+    config = Qwen3_5MoeTextConfig(**{**_HYBRID, **_MOE, "shared_expert_intermediate_size": 32, **overrides})
     Qwen3_5MoeForCausalLM(config).float().save_pretrained(path)
     return path
 
 
-def make_qwen3_moe_target(path, *, seed=0):
+def make_qwen3_moe_target(path, *, seed=0, **overrides):
     """A tiny ``qwen3_moe`` target (full attention, routed experts)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3MoeConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                            initializer_range=0.2, **_MOE)
+    config = Qwen3MoeConfig(**{**dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      max_position_embeddings=512, initializer_range=0.2, **_MOE), **overrides})
     Qwen3MoeForCausalLM(config).float().save_pretrained(path)
     return path
 
@@ -115,19 +117,6 @@ def make_qwen3_5_vl_target(path, *, seed=0):
     return path
 
 
-def packed_batch(lengths, vocab, seed, index=0):
-    """Random documents of ``lengths`` packed in one batch; the last 80% of each is response (trained)."""
-    from draftline.data.batch import PackedBatch
-
-    g = torch.Generator().manual_seed(seed)
-    docs = []
-    for n in lengths:
-        ids = torch.randint(0, vocab - 1, (n,), generator=g).tolist()
-        prompt = max(1, n // 5)
-        docs.append((ids, [i >= prompt for i in range(n)]))
-    return PackedBatch.from_documents(docs, sample_ids=list(range(index * 1000, index * 1000 + len(docs))), index=index)
-
-
 def tiny_drafter_worker(device, dtype, max_query_rows=2048, *, head_chunk_rows=4096, compile_layers=False,
                         max_bad_steps=20, total_steps=1000, max_anchors=512):
     """A drafter worker from the product's builder (2 layers, block 16, random frozen embedding and head) and a
@@ -137,7 +126,7 @@ def tiny_drafter_worker(device, dtype, max_query_rows=2048, *, head_chunk_rows=4
     from draftline.config import TrainConfig
     from draftline.model.config import build_drafter_config
     from draftline.pipeline.build import build_drafter_worker
-    from draftline.pipeline.health import Health, local_rank_info
+    from draftline.distributed.health import Health, local_rank_info
     from draftline.pipeline.spec import ModelSpec, RunSpec
     from draftline.pipeline.transport import Delivery
 

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from draftline.cli import COMMANDS, command_parser, main
-from draftline.commands.train import _FLAGS
 from draftline.config import TrainConfig
+from draftline.config_options import option
 from draftline.config_docs import field_docs
 
 
@@ -39,16 +39,15 @@ def test_train_help_shows_every_config_fields_docstring_in_its_sections_group():
     _, parser = command_parser("train")
     help_text = _flat(parser.format_help())
     config = TrainConfig()
-    flag_of = {field: flag for flag, field in _FLAGS.items()}
-    flag_of |= {("data", "data"): "--data", ("topology", "gpus"): "--gpus"}
     groups = {group.title: group for group in parser._action_groups}
     for section in (f.name for f in dataclasses.fields(config) if dataclasses.is_dataclass(getattr(config, f.name))):
         group = groups[f"[{section}]"]
         for field in dataclasses.fields(getattr(config, section)):
             doc = field_docs(type(getattr(config, section))).get(field.name)
             assert doc, f"{section}.{field.name} has no docstring in draftline/config.py"
-            flag = flag_of.get((section, field.name))
-            assert flag, f"{section}.{field.name} has no train flag"
+            flag = option(field).flag
+            if flag is None:  # set from a config file only
+                continue
             action = next(a for a in parser._actions if flag in a.option_strings)
             assert action in group._group_actions, f"{flag} is not in the [{section}] group"
             assert _flat(doc) in help_text, f"{flag}: the docstring of {section}.{field.name} is not in --help"

@@ -11,7 +11,7 @@ import importlib
 import signal
 import sys
 
-from draftline.errors import DraftlineError
+from draftline.errors import DraftlineError, MachineError
 
 # name -> (module under draftline.commands, one-line help)
 COMMANDS = {
@@ -35,14 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def command_parser(name: str):
-    """``(module, parser)`` of one command: the module's own options; one it leaves unexplained that
-    is also a ``train`` option gets train's explanation (one source for what an option means)."""
-    from draftline.commands.train import explain_like_train
-
+    """``(module, parser)`` of one command, with the module's options."""
     module = importlib.import_module(f"draftline.commands.{COMMANDS[name][0]}")
     parser = argparse.ArgumentParser(prog=f"draftline {name}", description=COMMANDS[name][1])
     module.add_arguments(parser)
-    explain_like_train(parser)
     return module, parser
 
 
@@ -60,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv[1:]  # the command's own arguments, for commands that re-launch themselves
     try:
         return int(module.run(args) or 0)
-    except DraftlineError as exc:
+    except DraftlineError as exc:  # the user's to fix: exit 2; the machine's (a full disk): 1, the run failed
         print(f"draftline {name}: error: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, MachineError) else 2
     except KeyboardInterrupt as exc:  # SIGINT (or, for train, SIGTERM) before anything was saved
         signum = getattr(exc, "signum", signal.SIGINT)
         print(f"\ndraftline {name}: stopped by {signal.Signals(signum).name}"

@@ -89,7 +89,8 @@ def test_model_card_commands(qwen3_target, tmp_path):
     assert commands["vllm"] == ("vllm serve T --speculative-config "
                                 "'{\"method\": \"dspark\", \"model\": \"D\", \"num_speculative_tokens\": 7}'")
     card = model_card(drafter.config, target_name="tiny", num_parameters=123_000)
-    assert card.startswith("# DSpark drafter") and "--speculative-algorithm DSPARK" in card and '"dspark"' in card
+    assert card.startswith("# DSpark drafter") and "--speculative-algorithm DSPARK" in card
+    assert '\\"method\\": \\"dspark\\", \\"model\\": \\"$DRAFTER\\"' in card  # vLLM's JSON, $DRAFTER expanded
     gated, _ = export(qwen3_target, tmp_path / "gated", markov_head_type="gated")
     card = model_card(gated.config, target_name="tiny", num_parameters=1)
     assert "vllm serve" not in card and "vLLM does not serve this drafter" in card

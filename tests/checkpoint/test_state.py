@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftline.checkpoint import state as ckpt
+from draftline.checkpoint import state as ckpt_state
+from draftline.checkpoint import writer as ckpt
 from draftline.checkpoint.locate import find_drafter_dir
-from draftline.checkpoint.state import (
-    TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint, verify_checkpoint, wait_for_checkpoint,
-)
+from draftline.checkpoint.state import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint, verify_checkpoint
+from draftline.checkpoint.writer import wait_for_checkpoint
 from draftline.config import OptimConfig
 from draftline.errors import DraftlineError, MachineError
 from draftline.model.config import build_drafter_config
@@ -188,7 +188,7 @@ def test_a_damaged_latest_checkpoint_is_skipped_on_resume(trainer, tmp_path, cap
     else:
         (second / "manifest.json").unlink()
         (second / "drafter" / "model.safetensors").unlink()
-    ckpt._VERIFIED.clear()
+    ckpt_state._VERIFIED.clear()
     with pytest.raises(DraftlineError, match=rf"step-00000002: checkpoint is not whole \({reason}\)"):
         load_checkpoint(second, drafter=trainer[0], optimizer=trainer[1], scheduler=trainer[2])
     # eval/export pass over a damaged drafter (a cut trainer.pt leaves the drafter usable)

@@ -13,7 +13,7 @@ import pytest
 from draftline.checkpoint.state import latest_checkpoint
 from draftline.cli import main
 from draftline.commands import train as train_command
-from draftline.pipeline.signals import SAME_REQUEST_S, Interrupted, StopSignals
+from draftline.distributed.signals import SAME_REQUEST_S, Interrupted, StopSignals
 from line_helpers import ENV, base_args, read_jsonl, start, wait_until
 
 
@@ -103,29 +103,10 @@ def test_a_stop_before_training_is_one_line_and_128_plus_the_signal(monkeypatch,
     assert "Traceback" not in err
 
 
-def test_the_launchers_exit_code_after_a_signal_is_the_runs(tmp_path, capsys):
-    started = time.time()
-    metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text(json.dumps({"kind": "end", "time": started - 50, "status": "stopped"}) + "\n")
-    # Only an end record of this launch counts: the one above is an earlier start's.
-    assert train_command._stopped(tmp_path, signal.SIGTERM, started) == 128 + signal.SIGTERM
-    assert "stopped by SIGTERM before the run saved a checkpoint of its stop" in capsys.readouterr().err
-    with metrics.open("a") as f:
-        f.write(json.dumps({"kind": "train", "time": started + 1}) + "\n")
-        f.write(json.dumps({"kind": "end", "time": started + 2, "status": "stopped"}) + "\n")
-    assert train_command._stopped(tmp_path, signal.SIGTERM, started) == 0
-    with metrics.open("a") as f:
-        f.write(json.dumps({"kind": "end", "time": started + 3, "status": "failed"}) + "\n")
-    assert train_command._stopped(tmp_path, signal.SIGINT, started) == 1
-
-
-def test_launched_ranks_share_the_cores_out(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(16)))
-    assert [train_command.threads_per_rank(n) for n in (1, 2, 3, 8, 32)] == [16, 8, 5, 2, 1]
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
-    train_command._launch_env("cuda", 4)
-    assert os.environ["OMP_NUM_THREADS"] == "4"
-    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's choice stays
-    train_command._launch_env("cuda", 4)
-    assert os.environ["OMP_NUM_THREADS"] == "3"
+def test_an_in_process_run_gives_the_signal_handlers_back(qwen3_target, line_data, tmp_path):
+    """`draftline train` called inside a process that goes on (a test session): afterwards SIGTERM and SIGINT
+    do what they did before; left to StopSignals, a SIGTERM would only ask a finished run to stop."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    assert main(["train", *base_args(qwen3_target, line_data, tmp_path / "run", max_steps=2)]) == 0
+    assert main(["train", *base_args(qwen3_target, line_data, tmp_path / "bad", max_steps=2), "--lr", "-1"]) == 2
+    assert {sig: signal.getsignal(sig) for sig in before} == before

@@ -78,3 +78,41 @@ def test_prompt_ids_end_with_the_generation_prompt(chat_target):
     encoder = ChatEncoder(chat_target, thinking=False)
     text = encoder.tokenizer.decode(encoder.prompt_ids(MULTI_TURN[:2]))
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_a_template_closing_turns_with_a_token_other_than_eos_masks_up_to_that_token(chat_target, conversation,
+                                                                                    write_jsonl, tmp_path, capsys):
+    """ChatML's <|im_end|> closes the turns while the configs name another eos (<|endoftext|>): the closer is
+    read from the template itself, so no record is blamed for the target's generation_config."""
+    target = tmp_path / "t"
+    shutil.copytree(chat_target, target)
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+        data = json.loads((target / name).read_text())
+        if "eos_token_id" in data:
+            data["eos_token_id"] = 0  # <|endoftext|>
+        if "eos_token" in data:
+            data["eos_token"] = "<|endoftext|>"
+        (target / name).write_text(json.dumps(data))
+    encoder = ChatEncoder(target)
+    assert encoder.tokenizer.convert_ids_to_tokens(0) == "<|endoftext|>" == encoder.tokenizer.eos_token
+    assert encoder.end_of_turn == ["<|endoftext|>", "<|im_end|>"]
+    ids, mask = encoder.encode(MULTI_TURN)
+    decoded = [encoder.tokenizer.decode(run) for run in _masked_runs(ids, mask)]
+    assert decoded == [m["content"] + "<|im_end|>" for m in MULTI_TURN if m["role"] == "assistant"]
+
+    from draftline.cli import main
+
+    source = write_jsonl(tmp_path / "chats.jsonl", [conversation(i) for i in range(6)])
+    assert main(["prepare", "--target", str(target), "--input", source, "--out", str(tmp_path / "data")]) == 0
+    printed = capsys.readouterr().out
+    assert "skipped           0 (none)" in printed and "samples           6" in printed
+
+
+def test_a_template_that_leaves_the_turn_open_has_no_closer_to_find(chat_target, tmp_path):
+    """Only a special token right after the reply closes it: the next turn's opener is not taken for one."""
+    target = tmp_path / "t"
+    shutil.copytree(chat_target, target)
+    (target / "chat_template.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.role != 'assistant' %}<|im_end|>"
+        "{% endif %}\n{% endfor %}")
+    assert ChatEncoder(target).end_of_turn == ["<|im_end|>"]  # the eos of the configs only

@@ -96,7 +96,7 @@ def oracle_generate(target, drafter, prompt, max_new_tokens):
 def test_greedy_is_lossless_and_equals_the_oracle(trained, qwen3_model):
     lengths_seen = []
     for prompt in TRAIN_PROMPTS[:2] + OTHER_PROMPTS:
-        ours = speculative_generate(qwen3_model, trained, prompt, max_new_tokens=24)
+        ours = speculative_generate(qwen3_model, DSparkProposer(trained, qwen3_model), prompt, max_new_tokens=24)
         assert ours.output_ids == target_generate(qwen3_model, prompt, max_new_tokens=24).output_ids
         tokens, lengths = oracle_generate(qwen3_model, trained, prompt, 24)
         assert ours.output_ids == tokens and ours.acceptance_lengths == lengths
@@ -112,7 +112,7 @@ def test_the_markov_head_decides_the_drafts(qwen3_target, qwen3_model):
         drafter.markov_head.markov_w1.weight.normal_(0.0, 2.0)
         drafter.markov_head.markov_w2.weight.normal_(0.0, 2.0)
     prompt = OTHER_PROMPTS[0]
-    ours = speculative_generate(qwen3_model, drafter, prompt, max_new_tokens=12)
+    ours = speculative_generate(qwen3_model, DSparkProposer(drafter, qwen3_model), prompt, max_new_tokens=12)
     tokens, lengths = oracle_generate(qwen3_model, drafter, prompt, 12)
     assert ours.output_ids == tokens and ours.acceptance_lengths == lengths
 
@@ -133,10 +133,10 @@ def test_the_markov_head_decides_the_drafts(qwen3_target, qwen3_model):
 
 def test_block_override_is_refused_and_a_stop_token_ends(trained, qwen3_model):
     with pytest.raises(DraftlineError, match="drafts from blocks of 6"):
-        speculative_generate(qwen3_model, trained, TRAIN_PROMPTS[0], max_new_tokens=8, block_size=4)
-    full = speculative_generate(qwen3_model, trained, TRAIN_PROMPTS[0], max_new_tokens=20)
+        speculative_generate(qwen3_model, DSparkProposer(trained, qwen3_model), TRAIN_PROMPTS[0], max_new_tokens=8, block_size=4)
+    full = speculative_generate(qwen3_model, DSparkProposer(trained, qwen3_model), TRAIN_PROMPTS[0], max_new_tokens=20)
     stop = full.output_ids[len(TRAIN_PROMPTS[0]) + 5]
-    cut = speculative_generate(qwen3_model, trained, TRAIN_PROMPTS[0], max_new_tokens=20, stop_token_ids=[stop])
+    cut = speculative_generate(qwen3_model, DSparkProposer(trained, qwen3_model), TRAIN_PROMPTS[0], max_new_tokens=20, stop_token_ids=[stop])
     assert cut.output_ids == full.output_ids[: full.output_ids.index(stop, len(TRAIN_PROMPTS[0])) + 1]
 
 
@@ -184,7 +184,7 @@ def worst_pvalue(model, drafter, sampling, runs, chi_square):
     generator = torch.Generator().manual_seed(1234)
     out = torch.empty(runs, NEW_TOKENS, dtype=torch.long)
     for r in range(runs):
-        result = speculative_generate(model, drafter, PROMPT, max_new_tokens=NEW_TOKENS, sampling=sampling,
+        result = speculative_generate(model, DSparkProposer(drafter, model), PROMPT, max_new_tokens=NEW_TOKENS, sampling=sampling,
                                       generator=generator)
         out[r] = torch.tensor(result.output_ids[len(PROMPT):])
     marginals = exact_marginals(model, sampling)

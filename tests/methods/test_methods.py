@@ -75,7 +75,7 @@ def test_each_method_trains_exports_and_decodes_through_the_seam(name, qwen3_tar
     proposer = method.proposer(loaded.eval(), qwen3_model)
     assert isinstance(proposer, DFlashProposer)  # DSpark's proposer runs DFlash's backbone step, then its heads
     assert isinstance(loaded, DSparkDrafter) == (name == "dspark")
-    out = speculative_generate(qwen3_model, loaded, prompt, max_new_tokens=10)
+    out = speculative_generate(qwen3_model, proposer, prompt, max_new_tokens=10)
     assert out.output_ids == ids[: len(prompt) + 10]
     assert max(out.acceptance_lengths) <= method.drafts_per_block(4) + 1
     assert "sglang" in method.serving_commands(config) and "vllm" in method.serving_commands(config)

@@ -93,3 +93,31 @@ def test_moe_target_without_dense_width(qwen3_5_moe_target):
     assert config.intermediate_size == 3 * config.hidden_size
     assert config.layer_types == ["sliding_attention", "full_attention"]
     assert (config.num_attention_heads, config.head_dim, config.num_key_value_heads) == (32, 128, 4)
+
+
+def test_a_resume_onto_another_drafter_names_every_changed_flag(qwen3_target, tmp_path):
+    import json
+
+    import torch
+
+    from draftline.checkpoint.export import drafter_config_dict
+    from draftline.model.config import refuse_changed_drafter
+
+    target = load_target_config(qwen3_target)
+    saved = build_drafter_config(target, num_hidden_layers=2, block_size=4, target_layer_ids=[1, 3])
+    (tmp_path / "drafter").mkdir()
+    (tmp_path / "drafter" / "config.json").write_text(json.dumps(drafter_config_dict(saved, torch.float32)))
+    refuse_changed_drafter(tmp_path, saved)  # the same drafter
+    refuse_changed_drafter(tmp_path / "older", saved)  # no drafter/config.json: nothing to compare
+    other = build_drafter_config(target, num_hidden_layers=3, block_size=8, mask_token_id=5,
+                                 layer_types=["sliding_attention"] * 3, sliding_window=16)
+    with pytest.raises(DraftlineError) as info:
+        refuse_changed_drafter(tmp_path, other)
+    message = str(info.value)
+    for text in ("--mask-token-id 5 (the checkpoint's drafter has 319)",
+                 "--target-layer-ids [1, 3, 5] (the checkpoint's drafter has [1, 3])",
+                 "--block-size 8 (the checkpoint's drafter has 4)", "--draft-layers 3 (the checkpoint's drafter has 2)",
+                 "--layer-types ['sliding_attention', 'sliding_attention', 'sliding_attention']",
+                 "resume with --mask-token-id 319 --target-layer-ids 1,3 --block-size 4 --draft-layers 2 "
+                 "--layer-types full_attention,full_attention"):
+        assert text in message, message

@@ -72,15 +72,17 @@ def _rel(a, b):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_compiled_drafter_equals_eager_on_cuda_in_bf16(qwen3_target):
-    """Inductor's fused bf16 kernels are as close to the fp32 result as eager bf16 is.
+@pytest.mark.parametrize("recompute", ["none", "cheap", "mlp"])
+def test_compiled_drafter_equals_eager_on_cuda_in_bf16(qwen3_target, recompute):
+    """Inductor's fused bf16 kernels are as close to the fp32 result as eager bf16 is, whatever the halves
+    recompute in backward (``model.recompute``).
 
     Both bf16 runs are measured against the eager fp32 run: the compiled one may round differently
     but not worse (a wrong function would be off by ~100%, bf16 rounding is ~1e-2).
     """
     device = torch.device("cuda")
     eager, compiled = _pair(qwen3_target, device)
-    compile_drafter(compiled)
+    compile_drafter(compiled, recompute=recompute)
     for lengths in ([40, 23], [71]):  # a second shape: dynamic, no recompilation needed
         ref_out, ref_grads = _run(eager, lengths, device, torch.float32)
         bf_out, bf_grads = _run(eager, lengths, device, torch.bfloat16)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from draftline.monitor.flops import known_peak
 from draftline.monitor.gpu import GpuStats
 from draftline.monitor.status import LineStatus
+from draftline.sizing.flops import known_peak
 
 
 @pytest.fixture

@@ -141,7 +141,7 @@ def test_every_advice_fits_a_split_layout(busy_status):
 
 
 def _cpu(status):
-    from draftline.monitor.flops import PeakFlops
+    from draftline.sizing.flops import PeakFlops
 
     return dataclasses.replace(status, gpus=[], tflops=0.0241, mfu=float("nan"),
                                peak=PeakFlops(66e9, "a CPU's matmul rate varies", 66e9, for_mfu=False))

@@ -140,3 +140,52 @@ def test_compiled_head_loss_on_cuda_equals_eager(distill, dpace):
     torch.testing.assert_close(l1, l0, rtol=1e-4, atol=1e-3)
     assert (c0 != c1).float().mean() < 1e-3
     assert ((g1 - g0).norm() / g0.norm()) < 1e-2
+
+
+@pytest.mark.parametrize("distill", [0.0, 0.5])
+@pytest.mark.parametrize("multiplier,softcap", [(1.0, None), (0.5, 3.0)])
+@pytest.mark.parametrize("backend", [None, "aot_eager"])
+def test_gradient_written_over_the_logits_has_the_same_bits(distill, multiplier, softcap, backend):
+    """The chunk body the compiled path runs writes the gradient over its logits; loss, hits, cross-entropies and
+    gradient are bit for bit those of the body that returns a new gradient (bf16 logits, as on CUDA)."""
+    from draftline.objective.head_loss import loss_and_grad_into_logits, loss_and_grad_of_logits
+
+    torch.manual_seed(4)
+    raw = (torch.randn(9, 40) * 3).bfloat16()
+    teacher_raw = (torch.randn(9, 40) * 3).bfloat16() if distill > 0 else None
+    labels = torch.randint(0, 40, (9,))
+    weights = torch.rand(9)
+    args = (labels, weights, multiplier, softcap, teacher_raw, distill)
+    into = loss_and_grad_into_logits if backend is None else torch.compile(loss_and_grad_into_logits, backend=backend)
+    loss, correct, grad, ce = loss_and_grad_of_logits(raw.clone(), *args, True)
+    written = raw.clone()
+    loss2, correct2, ce2 = into(written, *args, True)
+    assert torch.equal(written, grad) and not torch.equal(written, raw)
+    assert torch.equal(loss2, loss) and torch.equal(correct2, correct) and torch.equal(ce2, ce)
+    untouched = raw.clone()
+    into(untouched, *args, False)  # no gradient wanted: the logits stay as they were
+    assert torch.equal(untouched, raw)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_head_loss_holds_one_chunk_of_logits_on_cuda():
+    """The compiled chunk body writes its gradient over the chunk's logits: the head loss's transient memory is one
+    [chunk, vocab] bf16 buffer and small change, not two."""
+    torch.manual_seed(5)
+    device = "cuda"
+    rows, vocab, chunk = 4096, 50000, 1024
+    h = torch.randn(rows, 256, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(vocab, 256, device=device) * 0.1).bfloat16()
+    labels = torch.randint(0, vocab, (rows,), device=device)
+    weights = torch.rand(rows, device=device)
+    one_chunk = chunk * vocab * 2
+    for measure in (False, True):  # the first call compiles
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        loss, _ = chunked_head_loss(h, w, labels, weights, chunk_rows=chunk)
+        torch.cuda.synchronize()
+        transient = torch.cuda.max_memory_allocated() - before
+        del loss
+    assert one_chunk <= transient < 1.5 * one_chunk, (transient, one_chunk)

@@ -46,10 +46,10 @@ def test_a_non_finite_step_is_left_out_counted_and_too_many_stop_training():
     before = _state(worker)
     record = _step(worker, delivery(1, LENGTHS, poison=True))  # reads step 1's record, queues step 2
     assert record.step == 1 and record.finite
-    assert worker.step == 2 and worker.counters.skipped_steps == 0  # step 2's record is read one step late
+    assert worker.step == 2 and worker.progress.skipped_steps == 0  # step 2's record is read one step late
     record = worker.read_record()
     assert record.step == 2 and not record.finite
-    assert worker.counters.skipped_steps == 1 and worker.counters.bad_in_a_row == 1
+    assert worker.progress.skipped_steps == 1 and worker.counters.bad_in_a_row == 1
     assert not math.isfinite(worker.counters.last_grad_norm)
     after = _state(worker)
     for a, b in zip(before[0], after[0]):
@@ -58,7 +58,7 @@ def test_a_non_finite_step_is_left_out_counted_and_too_many_stop_training():
                for x, y in zip(before[1], after[1]))
     _step(worker, delivery(2, LENGTHS))  # good again: the weights move, the run of bad steps ends
     worker.read_record()
-    assert worker.counters.bad_in_a_row == 0 and worker.counters.skipped_steps == 1
+    assert worker.counters.bad_in_a_row == 0 and worker.progress.skipped_steps == 1
     assert any(not torch.equal(a, p) for a, p in zip(after[0], worker.params))
     worker.max_bad_steps = 2
     _step(worker, delivery(3, LENGTHS, poison=True))
@@ -128,7 +128,7 @@ def test_a_failures_read_of_the_last_record_counts_it_without_raising():
     worker.accumulate([delivery(0, LENGTHS, poison=True)])
     worker.queue_update()
     assert worker.read_record(check=False).step == 1
-    assert worker.counters.skipped_steps == 1  # counted; no raise at the limit
+    assert worker.progress.skipped_steps == 1  # counted; no raise at the limit
     assert worker.read_record() is None  # read once only
 
 
@@ -154,5 +154,5 @@ def test_accumulate_makes_no_host_device_sync():
     before = [p.detach().clone() for p in worker.params]
     _step(worker, delivery(2, poison=True))
     worker.read_record()
-    assert worker.counters.skipped_steps == 1
+    assert worker.progress.skipped_steps == 1
     assert all(torch.equal(a, p) for a, p in zip(before, worker.params))

@@ -3,11 +3,14 @@ The schedule: warmup and cosine over the steps, or over the clock of a time limi
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from draftline.config import OptimConfig
 from draftline.pipeline.optim import build_scheduler, grad_factor, lr_factor, skips_on_device, step_with_factor
+from draftline.pipeline.progress import Progress
 
 
 @pytest.mark.parametrize("max_norm", [0.0, 0.05, 1e6])
@@ -119,7 +122,12 @@ def test_only_a_fused_optimizer_takes_a_device_skip():
 def _schedule(total_steps: int, **optim):
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return optimizer, build_scheduler(optimizer, OptimConfig(**optim), total_steps)
+    return optimizer, build_scheduler(optimizer, OptimConfig(**optim), total_steps, Progress())
+
+
+def _record(clock: float):
+    """A step's record as the progress reads it (a finite step of nothing, at ``clock``)."""
+    return SimpleNamespace(tokens=0, samples=0, finite=True, clock=clock)
 
 
 def _lrs(optimizer, schedule, steps: int, clock=lambda step: 0.0) -> list[float]:
@@ -127,7 +135,7 @@ def _lrs(optimizer, schedule, steps: int, clock=lambda step: 0.0) -> list[float]
     for step in range(steps):
         lrs.append(schedule.get_last_lr()[0])
         optimizer.step()
-        schedule.clock = clock(step)
+        schedule.run_progress.count(_record(clock(step)))
         schedule.step()
     return lrs
 
@@ -152,19 +160,27 @@ def test_a_clock_further_along_than_the_steps_takes_the_schedule_to_its_floor():
     assert _lrs(optimizer, behind, 30, clock=lambda step: 0.01) == pytest.approx(_lrs(*_schedule(100, warmup_ratio=0.0), 30))
 
 
-def test_the_clock_is_saved_with_the_schedule_and_the_steps_are_the_runs_own():
+def test_the_clock_is_the_progress_and_saved_with_it_the_steps_are_the_runs_own():
     optimizer, schedule = _schedule(100)
     _lrs(optimizer, schedule, 10, clock=lambda step: 0.4)
-    state = schedule.state_dict()
-    assert state["clock"] == 0.4 and "total_steps" not in state
+    state, progress = schedule.state_dict(), schedule.run_progress.state_dict()
+    assert "clock" not in state and "total_steps" not in state and progress["counters"]["clock"] == 0.4
     optimizer2, resumed = _schedule(300)  # a resume with more steps: the schedule's length is the new run's
     resumed.load_state_dict(state)
+    resumed.run_progress.load_state_dict(progress)
     assert resumed.clock == 0.4 and resumed.total_steps == 300 and resumed.last_epoch == 10
     assert resumed.progress(10) == pytest.approx(0.4) and resumed.progress(200) == pytest.approx(200 / 300)
-    # A checkpoint written before the clock existed (a plain LambdaLR's state) resumes with none.
+    # The clock never goes back (the drafters' agreed share of the time spent) and stops at the limit.
+    resumed.run_progress.count(_record(0.1))
+    resumed.run_progress.count(_record(1.7))
+    assert resumed.clock == 1.0
+    # A schedule's state that held a clock (a checkpoint from before the progress held it) leaves it to the
+    # progress (``checkpoint.state.load_checkpoint`` hands it over); a plain LambdaLR's state resumes with none.
+    _, old = _schedule(100)
+    old.load_state_dict({**state, "clock": 0.7})
+    assert old.clock == 0.0 and old.total_steps == 100
     optimizer3 = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
     plain = torch.optim.lr_scheduler.LambdaLR(optimizer3, lambda step: 1.0)
-    _, old = _schedule(100)
-    old.clock = 0.7
-    old.load_state_dict(plain.state_dict())
-    assert old.clock == 0.0 and old.total_steps == 100
+    _, fresh = _schedule(100)
+    fresh.load_state_dict(plain.state_dict())
+    assert fresh.clock == 0.0 and fresh.total_steps == 100

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections import Counter
 
 import pytest
 from safetensors.torch import load_file
 
 from draftline.checkpoint.state import latest_checkpoint
+from draftline.cli import main
 from line_helpers import base_args, read_jsonl, run, start, step_losses, wait_until
 
 pytestmark = pytest.mark.slow
@@ -120,3 +122,54 @@ def test_stopped_on_two_drafters_resumed_elsewhere_ends_like_the_run_that_never_
         assert "replicated on the 2 drafters" in resumed.stdout
     _close(reference, step_losses(out))
     _weights_close(_weights(latest_checkpoint(one_process)), _weights(latest_checkpoint(out)))
+
+
+def _resume_copy(checkpoint, out) -> None:
+    """A run directory holding only ``checkpoint``: what a run stopped right after it leaves to --resume."""
+    import shutil
+
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copytree(checkpoint, out / "checkpoints" / checkpoint.name)
+    (out / "checkpoints" / "latest").write_text(checkpoint.name + "\n")
+
+
+def test_resumed_on_more_drafters_with_uneven_shares_ends_like_the_run_that_never_stopped(qwen3_target, line_data,
+                                                                                           tmp_path):
+    """One drafter's checkpoint resumed on two, and two drafters' resumed on three: five batches a step, so the
+    shares are uneven (3 + 2, then 2 + 2 + 1); each resumed run's per-step losses and final weights are those of
+    the run that never stopped."""
+    straight = tmp_path / "straight"
+    args = lambda out: _args(qwen3_target, line_data, out, grad_accum=5, save_every=2, keep=10)  # noqa: E731
+    assert main(["train", *args(straight)]) == 0
+    reference = step_losses(straight)
+    assert len(reference) >= 6
+    straight_seqs = sorted(r["seq"] for r in read_jsonl(straight / "trace" / "drafter-0.jsonl"))
+
+    on_two = tmp_path / "on-two"
+    _resume_copy(straight / "checkpoints" / "step-00000002", on_two)
+    done = run([*args(on_two), "--resume", "--gpus", "2", "--colocated"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "written by 1 drafter(s), resumed on 2: a step keeps its 5 batch(es), 2.5 per drafter" in done.stdout
+
+    on_three = tmp_path / "on-three"
+    _resume_copy(on_two / "checkpoints" / "step-00000004", on_three)
+    done = run([*args(on_three), "--resume", "--gpus", "3", "--colocated"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "written by 2 drafter(s), resumed on 3: a step keeps its 5 batch(es)" in done.stdout
+
+    for out, first in ((on_two, 3), (on_three, 5)):
+        losses = step_losses(out)
+        assert sorted(losses) == [s for s in sorted(reference) if s >= first], out.name
+        for step, loss in losses.items():
+            assert loss == pytest.approx(reference[step], rel=1e-6), (out.name, step)
+        _weights_close(_weights(latest_checkpoint(straight)), _weights(latest_checkpoint(out)))
+        # The batches after the checkpoint, each trained once, by drafters taking uneven shares of every step.
+        seqs, shares = [], {}
+        for path in (out / "trace").glob("drafter-*.jsonl"):
+            for record in read_jsonl(path):
+                seqs.append(record["seq"])
+                shares.setdefault(record["step"], Counter())[path.name] += 1
+        assert sorted(seqs) == [s for s in straight_seqs if s >= (first - 1) * 5], out.name
+        expected = [3, 2] if out == on_two else [2, 2, 1]
+        full = [step for step in shares if step < max(shares)]  # the last step may hold the data's last batches
+        assert full and all(sorted(shares[step].values(), reverse=True) == expected for step in full), shares

@@ -118,3 +118,57 @@ def test_the_builders_take_the_targets_config_from_the_spec_and_read_it_no_more(
     assert target.layers_run == max(model.layer_ids) + 1 and len(drafter.layers) == 2
     assert torch.equal(embed, reference.embed_weight())
     assert model.target_file_config.num_hidden_layers == 8  # the spec's copy is not truncated by the builder
+
+
+def _with_mask_tokenizer(qwen3_target, path):
+    """The target's config beside a tokenizer with <|MASK|> at 300."""
+    import shutil
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    path.mkdir()
+    shutil.copy(qwen3_target / "config.json", path / "config.json")
+    Tokenizer(WordLevel({"<unk>": 0, "a": 1, "<|MASK|>": 300}, unk_token="<unk>")).save(str(path / "tokenizer.json"))
+    return path
+
+
+def test_the_default_mask_token_is_the_one_the_engines_check(qwen3_target, tmp_path):
+    """The target tokenizer's <|MASK|> where it has one (SGLang refuses another id), else today's rule (the last row)."""
+    target = _with_mask_tokenizer(qwen3_target, tmp_path / "target")
+    assert ModelSpec.resolve(_config(target, draft_layers=2, block_size=4)).drafter_config.dflash_config[
+        "mask_token_id"] == 300
+    assert ModelSpec.resolve(_config(qwen3_target, draft_layers=2, block_size=4)).drafter_config.dflash_config[
+        "mask_token_id"] == 319
+    with pytest.raises(DraftlineError, match=r"dflash_config.mask_token_id \(--mask-token-id\): is 5, but the target's"):
+        ModelSpec.resolve(_config(target, draft_layers=2, block_size=4, mask_token_id=5))
+
+
+def test_a_resume_is_refused_when_the_run_resolves_another_drafter_than_the_checkpoint_s(qwen3_target, line_data,
+                                                                                       tmp_path):
+    """A run started before the default mask token was the tokenizer's, resumed with the same flags, would
+    otherwise go on with another mask row: it is refused, naming the value to resume with."""
+    from draftline.checkpoint.export import drafter_config_dict
+    from draftline.model.config import build_drafter_config
+    from draftline.model.target import load_target_config
+    from draftline.distributed.roles import COLOCATED, Role
+    from draftline.distributed.setup import RunSetup
+    from draftline.pipeline.spec import DistEnv, resolve_run
+
+    checkpoint = tmp_path / "checkpoints" / "step-00000003"
+    (checkpoint / "drafter").mkdir(parents=True)
+    saved = build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=2, block_size=4)  # mask 319
+    (checkpoint / "drafter" / "config.json").write_text(json.dumps(drafter_config_dict(saved, torch.float32)))
+    config = _config(_with_mask_tokenizer(qwen3_target, tmp_path / "target"), draft_layers=2, block_size=4)
+    config.data.data = [str(line_data)]
+    model = ModelSpec.resolve(config)  # mask 300 now
+    setup = RunSetup("resume", str(checkpoint), 3, str(line_data), 1, 1, True)
+    role = Role(0, COLOCATED, 0, 1, 1)
+    with pytest.raises(DraftlineError) as info:
+        resolve_run(config, model, role, DistEnv(), torch.device("cpu"), setup)
+    message = str(info.value)
+    assert "--mask-token-id 300 (the checkpoint's drafter has 319)" in message
+    assert "resume with --mask-token-id 319" in message
+    same = ModelSpec.from_configs(model.target_config, saved)  # the checkpoint's drafter: the resume goes on
+    spec, _ = resolve_run(config, same, role, DistEnv(), torch.device("cpu"), setup)
+    assert spec.start_step == 3

@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-from draftline.pipeline.health import Health, RankInfo
+from draftline.distributed.health import Health, RankInfo
 from draftline.pipeline.transport import DistributedSender
 
 
@@ -55,7 +55,7 @@ def test_a_dead_send_thread_surfaces_in_put_and_finish():
 def test_open_transport_gives_each_role_its_ends():
     import torch.distributed as dist
 
-    from draftline.pipeline.roles import assign_roles
+    from draftline.distributed.roles import assign_roles
     from draftline.pipeline.transport import DistributedReceiver, InProcessChannel, open_transport
 
     health = Health(RankInfo(0, "colocated", "here", "CPU", os.getpid()))

@@ -9,9 +9,9 @@ default): block_size. vLLM builds the vanilla Markov head only, so a gated draft
 
 from __future__ import annotations
 
-import json
+import shlex
 
-from draftline.checkpoint.model_card import is_mixed
+from draftline.checkpoint.model_card import is_mixed, shell_word, speculative_config_word
 from draftline.checkpoint.serving import ENGINES_READ, MIXED_LAYERS_WARNING
 
 VLLM_GATED = ("vLLM does not serve this drafter: its DSpark model builds the vanilla Markov head only (no gate_proj), "
@@ -23,12 +23,13 @@ def dspark_serving_commands(config, *, drafter: str = "$DRAFTER", target: str = 
     """{'sglang': command, 'vllm': command, or why vLLM does not serve it}."""
     block_size = int(config.block_size)
     env = "VLLM_USE_V2_MODEL_RUNNER=1 " if is_mixed(config) else ""
-    spec = json.dumps({"method": "dspark", "model": drafter, "num_speculative_tokens": block_size})
-    vllm = (f"{env}vllm serve {target} --speculative-config '{spec}'" if config.markov_head_type == "vanilla"
+    spec = speculative_config_word({"method": "dspark", "model": drafter, "num_speculative_tokens": block_size})
+    vllm = (f"{env}vllm serve {shell_word(target)} --speculative-config {spec}" if config.markov_head_type == "vanilla"
             else f"({VLLM_GATED})")
     return {
-        "sglang": (f"python -m sglang.launch_server --model-path {target} --speculative-algorithm DSPARK "
-                   f"--speculative-draft-model-path {drafter} --speculative-num-draft-tokens {block_size + 1}"),
+        "sglang": (f"python -m sglang.launch_server --model-path {shell_word(target)} --speculative-algorithm DSPARK "
+                   f"--speculative-draft-model-path {shell_word(drafter)} "
+                   f"--speculative-num-draft-tokens {block_size + 1}"),
         "vllm": vllm,
     }
 
@@ -60,7 +61,7 @@ def dspark_model_card(config, *, target_name: str, num_parameters: int, warnings
         "Set `TARGET` to the target model's directory or hub id and `DRAFTER` to this directory:",
         "",
         "```bash",
-        f"TARGET=/path/to/{target_name}",
+        f"TARGET={shlex.quote('/path/to/' + target_name)}",
         "DRAFTER=/path/to/this/directory",
         "```",
         "",

@@ -50,13 +50,14 @@ def dspark_config_from_json(data: dict, config_file: Path) -> Qwen3Config:
     if "dflash_config" in data:
         raise DraftlineError(f"{config_file}: a DSpark drafter config with a dflash_config: the engines read its "
                              "mask_token_id and target_layer_ids before the top-level ones; remove it")
-    config = Qwen3Config.from_dict({k: v for k, v in data.items() if k not in TOP_LEVEL})
-    config.block_size = data["block_size"]
-    config.num_target_layers = data.get("num_target_layers") or max(data["target_layer_ids"]) + 1
-    config.dflash_config = {"mask_token_id": data["mask_token_id"], "target_layer_ids": list(data["target_layer_ids"])}
-    for name in DSPARK_FIELDS:
-        setattr(config, name, data[name])
-    config.architectures = [DSPARK_ARCHITECTURE]
+    config = Qwen3Config.from_dict({
+        **{k: v for k, v in data.items() if k not in TOP_LEVEL},
+        "block_size": data["block_size"],
+        "num_target_layers": data.get("num_target_layers") or max(data["target_layer_ids"]) + 1,
+        "dflash_config": {"mask_token_id": data["mask_token_id"], "target_layer_ids": list(data["target_layer_ids"])},
+        **{name: data[name] for name in DSPARK_FIELDS},
+        "architectures": [DSPARK_ARCHITECTURE],
+    })
     validate_drafter_config(config)
     validate_dspark_config(config)
     return config

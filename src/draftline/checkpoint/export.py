@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from transformers import Qwen3Config
 
 from draftline.errors import DraftlineError
+from draftline.files import disk_full_error
 from draftline.model.config import validate_drafter_config
 from draftline.model.drafter import DFlashDrafter
 from draftline.model.dspark import DSparkDrafter, is_dspark_config
@@ -70,7 +71,11 @@ def save_drafter(
         name: tensor.detach().to(device="cpu", dtype=dtype).contiguous()
         for name, tensor in (drafter.state_dict() if weights is None else weights).items()
     }
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    existed = out_dir.exists()
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    except OSError as exc:
+        raise _full_disk(exc, out_dir, existed) or exc
     try:
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         config = drafter_config_dict(drafter.config, dtype)
@@ -78,10 +83,20 @@ def save_drafter(
         if finish is not None:
             finish(tmp)
         _replace_dir(tmp, out_dir)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        full = _full_disk(exc, out_dir, existed)
+        if full is not None:
+            raise full from exc
         raise
     return out_dir
+
+
+def _full_disk(exc: BaseException, out_dir: Path, existed: bool) -> Exception | None:
+    kept = f"nothing of it was kept and the {out_dir} from before is as it was" if existed else "nothing of it was kept"
+    return disk_full_error(exc, out_dir, "the drafter", kept,
+                           "free space there (a drafter takes about 2 bytes a weight in bf16, 4 in fp32) or write it "
+                           "to a larger disk")
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from draftline import run_files
 from draftline.checkpoint.export import is_drafter_dir
 from draftline.checkpoint.state import verify_checkpoint
+from draftline.checkpoint.writer import DRAFTER_DIR
 from draftline.errors import DraftlineError
 
 
@@ -20,14 +22,15 @@ def find_drafter_dir(path: str | Path) -> Path:
         raise DraftlineError(f"{path}: no such directory")
     if is_drafter_dir(path):
         return path
-    if is_drafter_dir(path / "drafter"):
-        return path / "drafter"
-    if is_drafter_dir(path / "final"):
-        return path / "final"
-    checkpoints = sorted((path / "checkpoints").glob("step-*")) if (path / "checkpoints").is_dir() else []
+    if is_drafter_dir(path / DRAFTER_DIR):
+        return path / DRAFTER_DIR
+    if is_drafter_dir(path / run_files.FINAL):
+        return path / run_files.FINAL
+    folder = path / run_files.CHECKPOINTS
+    checkpoints = sorted(folder.glob("step-*")) if folder.is_dir() else []
     for ckpt in reversed(checkpoints):  # the newest whole one: a cut or corrupt checkpoint is passed over
-        if is_drafter_dir(ckpt / "drafter") and verify_checkpoint(ckpt, drafter_only=True) is None:
-            return ckpt / "drafter"
+        if is_drafter_dir(ckpt / DRAFTER_DIR) and verify_checkpoint(ckpt, drafter_only=True) is None:
+            return ckpt / DRAFTER_DIR
     raise DraftlineError(
         f"{path}: no drafter found (looked for config.json + model.safetensors in it, in drafter/, in final/ "
         "and in checkpoints/step-*/drafter/)"

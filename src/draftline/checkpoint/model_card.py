@@ -9,6 +9,7 @@ anchor, block_size - 1.
 from __future__ import annotations
 
 import json
+import shlex
 
 from draftline.checkpoint.serving import ENGINES_READ, MIXED_LAYERS_WARNING
 
@@ -16,20 +17,39 @@ CARD_NAME = "README.md"
 
 
 def serving_commands(config, *, drafter: str = "$DRAFTER", target: str = "$TARGET") -> dict[str, str]:
-    """Shell commands that serve ``config``'s drafter with ``target``: {'sglang': ..., 'vllm': ...}."""
-    if getattr(config, "markov_rank", None) is not None:  # a DSpark drafter (model.dspark)
+    """Shell commands that serve ``config``'s drafter with ``target``: {'sglang': ..., 'vllm': ...}.
+
+    ``drafter`` and ``target`` are paths or shell variables (``$NAME``); either way the commands are
+    what bash must be given: a path quoted, a variable in double quotes (also inside vLLM's JSON, where
+    single quotes would hand vLLM the variable's name instead of its value).
+    """
+    if getattr(config, "markov_rank", None) is not None:  # a DSpark drafter: its own layout (checkpoint.dspark_card)
         from draftline.checkpoint.dspark_card import dspark_serving_commands
 
         return dspark_serving_commands(config, drafter=drafter, target=target)
     block_size = int(config.block_size)
-    spec = json.dumps({"method": "dflash", "model": drafter, "num_speculative_tokens": block_size - 1})
+    spec_word = speculative_config_word({"method": "dflash", "model": drafter, "num_speculative_tokens": block_size - 1})
     # Mixed layer types need vLLM's V2 model runner (the serving check warns about them).
     env = "VLLM_USE_V2_MODEL_RUNNER=1 " if is_mixed(config) else ""
     return {
-        "sglang": (f"python -m sglang.launch_server --model-path {target} --speculative-algorithm DFLASH "
-                   f"--speculative-draft-model-path {drafter} --speculative-num-draft-tokens {block_size}"),
-        "vllm": f"{env}vllm serve {target} --speculative-config '{spec}'",
+        "sglang": (f"python -m sglang.launch_server --model-path {shell_word(target)} --speculative-algorithm DFLASH "
+                   f"--speculative-draft-model-path {shell_word(drafter)} --speculative-num-draft-tokens {block_size}"),
+        "vllm": f"{env}vllm serve {shell_word(target)} --speculative-config {spec_word}",
     }
+
+
+def speculative_config_word(spec: dict) -> str:
+    """vLLM's ``--speculative-config`` JSON as one shell word: in double quotes where its model is a shell
+    variable (expanded), else quoted as needed."""
+    text = json.dumps(spec)
+    if str(spec.get("model", "")).startswith("$"):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return shlex.quote(text)
+
+
+def shell_word(value: str) -> str:
+    """``value`` as one shell word: a variable in double quotes (expanded), anything else quoted as needed."""
+    return f'"{value}"' if value.startswith("$") else shlex.quote(value)
 
 
 def is_mixed(config) -> bool:
@@ -39,7 +59,7 @@ def is_mixed(config) -> bool:
 
 def model_card(config, *, target_name: str, num_parameters: int, warnings: list[str] = ()) -> str:
     """README.md text for the exported drafter ``config`` of the target named ``target_name``."""
-    if getattr(config, "markov_rank", None) is not None:  # a DSpark drafter (model.dspark)
+    if getattr(config, "markov_rank", None) is not None:  # a DSpark drafter: its own layout (checkpoint.dspark_card)
         from draftline.checkpoint.dspark_card import dspark_model_card
 
         return dspark_model_card(config, target_name=target_name, num_parameters=num_parameters, warnings=warnings)
@@ -64,7 +84,7 @@ def model_card(config, *, target_name: str, num_parameters: int, warnings: list[
         "Set `TARGET` to the target model's directory or hub id and `DRAFTER` to this directory:",
         "",
         "```bash",
-        f"TARGET=/path/to/{target_name}",
+        f"TARGET={shlex.quote('/path/to/' + target_name)}",
         "DRAFTER=/path/to/this/directory",
         "```",
         "",

@@ -1,8 +1,9 @@
 """``draftline export CKPT_DIR OUT_DIR``: a drafter checkpoint servers load as it is.
 
-What is written is checked against the engines' loaders and the target (``checkpoint/serving.py``)
-before it is moved into place: a drafter vLLM or SGLang would load differently from how it was
-trained is refused and nothing is written. A model card (README.md) with the serving commands goes
+What is written is checked against the target by the serving check (``checkpoint/serving``: rules read
+from vLLM's and SGLang's sources at named versions, not a run of their code) before it is moved into
+place: a drafter those engines would load differently from how it was trained is refused and nothing is
+written. A model card (README.md) with the serving commands goes
 beside the weights.
 """
 
@@ -17,7 +18,7 @@ import torch
 from draftline.checkpoint.export import load_drafter, save_drafter
 from draftline.checkpoint.locate import find_drafter_dir
 from draftline.checkpoint.model_card import CARD_NAME, model_card, serving_commands
-from draftline.checkpoint.serving import inspect_drafter_dir
+from draftline.checkpoint.serving import ENGINES_READ, inspect_drafter_dir
 from draftline.errors import DraftlineError
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -84,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
         (tmp / CARD_NAME).write_text(card)
 
     save_drafter(drafter, args.out_dir, dtype=_DTYPES[args.dtype], finish=check_and_describe)
-    print(f"exported {source} -> {args.out_dir} (checked against the target {target_dir})")
+    read = " and ".join(f"{name} {version}" for name, version in ENGINES_READ.items())
+    print(f"exported {source} -> {args.out_dir} (checked against the target {target_dir} by draftline's serving "
+          f"rules, read from the sources of {read}; no engine code was run)")
     print(f"  {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {params / 1e6:.1f}M parameters, "
           f"block_size {cfg.block_size}, target_layer_ids {cfg.dflash_config['target_layer_ids']}")
     for warning in warnings:

@@ -11,6 +11,7 @@ Only the target's ``config.json`` is read: a 27B target can be planned on a lapt
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections import Counter
 from pathlib import Path
@@ -19,27 +20,30 @@ import numpy as np
 import torch
 
 from draftline.config import TrainConfig
+from draftline.config_flags import add_field_argument
 from draftline.errors import DraftlineError
 from draftline.model.config import text_config
-from draftline.monitor.flops import format_flops
-from draftline.monitor.peak import known_gpus
-from draftline.pipeline.plan import (
-    ANCHOR_SWEEP, MEASURED_MFU, MemoryInputs, estimate_rates, hardware_for, measure_rates, passes_per_sample,
-    per_sample_flops, plan_layouts, reference_lengths, target_mfu, with_anchors,
-)
 from draftline.pipeline.spec import ModelSpec
+from draftline.sizing.memory_estimate import MemoryInputs
+from draftline.sizing.peak import format_flops, known_gpus
+from draftline.sizing.plan import (
+    ANCHOR_SWEEP, MEASURED_MFU, estimate_rates, hardware_for, measure_rates, passes_per_sample, per_sample_flops,
+    plan_layouts, target_mfu, with_anchors,
+)
+from draftline.sizing.workload import MEAN_LENGTH, reference_lengths
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_argument_group("what to train")
-    what.add_argument("--target", required=True, help="the target model directory (only its config.json is read)")
+    what_field = functools.partial(add_field_argument, what)
+    what_field("model", "target", required=True, own_help="the target model directory (only its config.json is read)")
     what.add_argument("--data", help="a prepared dataset: its sample lengths (default: log-normal around --mean-length)")
-    what.add_argument("--mean-length", type=int, default=2826, help="mean sample length in tokens without --data")
-    what.add_argument("--draft-layers", type=int, help="drafter layers (default: 5, as train)")
-    what.add_argument("--block-size", type=int, help="tokens per block (default: 16, as train)")
-    what.add_argument("--max-anchors", type=int, default=512,
-                      help="anchors per document: the drafter's work grows with it (the plan also shows 128, 256, 512)")
-    what.add_argument("--distill", type=float, default=0.0, help="soft-label weight (above 0 the target runs every layer)")
+    what.add_argument("--mean-length", type=int, default=MEAN_LENGTH, help="mean sample length in tokens without --data")
+    what_field("model", "draft_layers", own_help="drafter layers, none = 5 as in train")
+    what_field("model", "block_size", own_help="tokens per block, none = 16 as in train")
+    what_field("data", "max_anchors",
+               own_help="anchors per document: the drafter's work grows with it (the plan also shows 128, 256, 512)")
+    what_field("optim", "distill", own_help="soft-label weight (above 0 the target runs every layer)")
     node = parser.add_argument_group("the node")
     node.add_argument("--gpus", type=int, help="GPUs of the node (default: this node's count, else 8)")
     node.add_argument("--gpu", help='plan for this GPU by name, from the spec table (e.g. "H200", "RTX PRO 6000"); '
@@ -53,10 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="time the target's pass and the drafter's step on this machine's GPU instead of the measured MFUs")
     node.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="the device --measure times the roles on (cuda or cpu)")
     sizes = parser.add_argument_group("sizes (as train's flags)")
-    sizes.add_argument("--token-budget", type=int, default=32768, help="tokens per batch asked for (the plan may lower it to fit)")
-    sizes.add_argument("--max-query-rows", type=int, default=32768, help="block rows per drafter pass asked for")
-    sizes.add_argument("--q-hs", type=int, default=8, help="feature batches the hidden-state queue holds")
-    sizes.add_argument("--memory-headroom-gib", type=float, default=2.0, help="GiB per GPU kept free, as preflight")
+    add_field_argument(sizes, "data", "token_budget", own_help="tokens per batch asked for (the plan may lower it to fit)")
+    add_field_argument(sizes, "engine", "max_query_rows", own_help="block rows per drafter pass asked for")
+    add_field_argument(sizes, "topology", "q_hs", own_help="feature batches the hidden-state queue holds")
+    add_field_argument(sizes, "engine", "memory_headroom_gib", own_help="GiB per GPU kept free, as preflight")
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, help="also write every layout and the recommendation to this JSON file")
 
@@ -81,10 +85,11 @@ def _model(args) -> ModelSpec:
 
 
 def _measured(args, model: ModelSpec, lengths, device):
+    from draftline.distributed.health import Health, local_rank_info
     from draftline.model.target import TargetFeatures
     from draftline.pipeline.build import build_drafter_worker
-    from draftline.pipeline.health import Health, local_rank_info
     from draftline.pipeline.spec import RunSpec
+    from draftline.pipeline.transport import Delivery
 
     config = TrainConfig()
     config.data.max_anchors = args.max_anchors
@@ -93,7 +98,13 @@ def _measured(args, model: ModelSpec, lengths, device):
     target = TargetFeatures(args.target, list(model.layer_ids), device=device, dtype=spec.dtype,
                             config=model.target_file_config)
     worker = build_drafter_worker(spec, Health(local_rank_info(0, "plan", device)), target=target)
-    return measure_rates(target, worker, lengths, args.token_budget, device)
+
+    def drafter_step(batch, features):
+        worker.train_step(Delivery(batch.index, features, batch))
+
+    rates = measure_rates(target, drafter_step, lengths, args.token_budget, device)
+    worker.read_record()  # the last step's, read one step late as in training
+    return rates
 
 
 def _describe_layers(model: ModelSpec) -> str:
@@ -118,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if num_gpus < 1:
         raise DraftlineError("--gpus must be at least 1")
     if args.gpu and args.gpu_memory_gib is None and args.gpu_peak_tflops is None:
-        from draftline.monitor.peak import gpu_spec
+        from draftline.sizing.peak import gpu_spec
 
         if gpu_spec(args.gpu) is None:
             names = ", ".join(f'"{g.name}"' for g in known_gpus())

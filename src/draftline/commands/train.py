@@ -8,395 +8,39 @@ draftline train ...``). Many nodes: ``torchrun`` as usual.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
 import sys
-import time
-import types
-import typing
-from pathlib import Path
 
-from draftline.config import TrainConfig, apply_dict, field_types, load_config_file
-from draftline.cores import usable_cores
-
-# flag -> (section, field). The flag's type comes from the field's annotation in draftline.config (one
-# typed source for flags and config files): int/float/str as such, list[...] comma-separated, bool a switch.
-_FLAGS: dict[str, tuple[str, str]] = {
-    "--target": ("model", "target"),
-    "--draft-layers": ("model", "draft_layers"),
-    "--block-size": ("model", "block_size"),
-    "--target-layer-ids": ("model", "target_layer_ids"),
-    "--mask-token-id": ("model", "mask_token_id"),
-    "--sliding-window": ("model", "sliding_window"),
-    "--layer-types": ("model", "layer_types"),
-    "--init-drafter": ("model", "init_drafter"),
-    "--init-from-target": ("model", "init_from_target"),
-    "--random-init": ("model", "init_from_target"),
-    "--dtype": ("model", "dtype"),
-    "--token-budget": ("data", "token_budget"),
-    "--max-batch-size": ("data", "max_batch_size"),
-    "--max-anchors": ("data", "max_anchors"),
-    "--max-length": ("data", "max_length"),
-    "--sort-window": ("data", "sort_window"),
-    "--epochs": ("data", "epochs"),
-    "--seed": ("data", "seed"),
-    "--no-balance-steps": ("data", "balance_steps"),
-    "--lr": ("optim", "lr"),
-    "--min-lr-ratio": ("optim", "min_lr_ratio"),
-    "--warmup-ratio": ("optim", "warmup_ratio"),
-    "--weight-decay": ("optim", "weight_decay"),
-    "--betas": ("optim", "betas"),
-    "--grad-clip": ("optim", "grad_clip"),
-    "--grad-accum": ("optim", "grad_accum"),
-    "--loss-gamma": ("optim", "loss_gamma"),
-    "--loss": ("optim", "loss"),
-    "--dpace-alpha": ("optim", "dpace_alpha"),
-    "--distill": ("optim", "distill"),
-    "--global-batch-tokens": ("optim", "global_batch_tokens"),
-    "--max-steps": ("optim", "max_steps"),
-    "--max-minutes": ("optim", "max_minutes"),
-    "--max-bad-steps": ("optim", "max_bad_steps"),
-    "--targets": ("topology", "targets"),
-    "--drafters": ("topology", "drafters"),
-    "--colocated": ("topology", "colocated"),
-    "--drafter-state": ("topology", "drafter_state"),
-    "--q-pre": ("topology", "q_pre"),
-    "--q-hs": ("topology", "q_hs"),
-    "--device": ("topology", "device"),
-    "--failure-timeout": ("topology", "failure_timeout_s"),
-    "--save-every": ("checkpoint", "every_steps"),
-    "--save-every-minutes": ("checkpoint", "every_minutes"),
-    "--keep": ("checkpoint", "keep"),
-    "--resume": ("checkpoint", "resume"),
-    "--from-scratch": ("checkpoint", "from_scratch"),
-    "--log-every": ("monitor", "interval_s"),
-    "--no-tensorboard": ("monitor", "tensorboard"),
-    "--wandb": ("monitor", "wandb"),
-    "--wandb-project": ("monitor", "wandb_project"),
-    "--eval-every": ("monitor", "eval_every"),
-    "--eval-prompts": ("monitor", "eval_prompts"),
-    "--eval-num-prompts": ("monitor", "eval_num_prompts"),
-    "--eval-max-new-tokens": ("monitor", "eval_max_new_tokens"),
-    "--eval-final-num-prompts": ("monitor", "eval_final_num_prompts"),
-    "--eval-final-max-new-tokens": ("monitor", "eval_final_max_new_tokens"),
-    "--peak-tflops": ("monitor", "peak_tflops"),
-    "--attention": ("engine", "attention"),
-    "--head-chunk-rows": ("engine", "head_chunk_rows"),
-    "--max-query-rows": ("engine", "max_query_rows"),
-    "--activation-checkpointing": ("engine", "activation_checkpointing"),
-    "--no-compile": ("engine", "compile"),
-    "--no-preflight": ("engine", "preflight"),
-    "--memory-headroom-gib": ("engine", "memory_headroom_gib"),
-    "--gpu-memory-gib": ("engine", "gpu_memory_gib"),
-    "--trace": ("engine", "trace"),
-}
-_OFF_SWITCHES = {"--no-tensorboard", "--no-preflight", "--no-compile", "--no-balance-steps", "--random-init"}  # these turn a default-on bool field off
-
-
-# Two flags of one field: --random-init carries the field's docstring, --init-from-target says what it does.
-_SWITCH_DOCS = {
-    "--init-from-target": "Start the drafter from the target's top layers (the default without --init-drafter): every "
-                          "part whose names and shapes match, the final norm, fc passing the deepest feature layer "
-                          "through; +21-26% acceptance at equal compute in bench/quality.py's comparison.",
-}
-
-# What a flag's value is, in its usage line: the unit where there is one, else the kind of value.
-_METAVARS = {
-    "--target": "DIR", "--init-drafter": "DIR", "--eval-prompts": "FILE", "--wandb-project": "NAME",
-    "--dtype": "{auto,bfloat16,float32}", "--device": "{auto,cuda,cpu}", "--drafter-state": "{auto,shard,replicate}", "--attention": "{auto,flex,flash,dense}",
-    "--layer-types": "TYPE,TYPE,...", "--target-layer-ids": "ID,ID,...", "--betas": "BETA1,BETA2",
-    "--token-budget": "TOKENS", "--global-batch-tokens": "TOKENS", "--max-length": "TOKENS",
-    "--sliding-window": "TOKENS", "--mask-token-id": "TOKEN_ID", "--eval-max-new-tokens": "TOKENS",
-    "--eval-final-max-new-tokens": "TOKENS", "--max-anchors": "ANCHORS", "--max-batch-size": "DOCS",
-    "--sort-window": "SAMPLES", "--max-steps": "STEPS", "--max-minutes": "MINUTES", "--max-bad-steps": "STEPS", "--save-every": "STEPS",
-    "--eval-every": "STEPS", "--save-every-minutes": "MINUTES", "--log-every": "SECONDS",
-    "--failure-timeout": "SECONDS", "--peak-tflops": "TFLOPS", "--memory-headroom-gib": "GIB",
-    "--head-chunk-rows": "ROWS", "--max-query-rows": "ROWS", "--q-pre": "BATCHES", "--q-hs": "BATCHES",
-    "--grad-accum": "BATCHES", "--eval-num-prompts": "PROMPTS", "--eval-final-num-prompts": "PROMPTS",
-    "--targets": "RANKS", "--drafters": "RANKS", "--draft-layers": "LAYERS", "--block-size": "TOKENS",
-    "--epochs": "EPOCHS", "--keep": "CHECKPOINTS", "--lr": "LR", "--min-lr-ratio": "RATIO",
-    "--warmup-ratio": "RATIO", "--distill": "WEIGHT", "--loss-gamma": "POSITIONS", "--loss": "{dflash,dpace}", "--dpace-alpha": "ALPHA", "--grad-clip": "NORM",
-    "--weight-decay": "X", "--seed": "N",
-}
-
-
-def _section_class(section: str) -> type:
-    return type(getattr(TrainConfig(), section))
-
-
-def _escape(text: str) -> str:
-    return text.replace("%", "%%")  # argparse formats help strings with %
-
-
-def _help(flag: str, section: str, name: str) -> str:
-    """The field's own docstring (draftline.config), then where it lives in a config file and its default."""
-    from draftline.config_docs import field_docs
-
-    default = getattr(getattr(TrainConfig(), section), name)
-    doc = field_docs(_section_class(section)).get(name, "")
-    if flag in _SWITCH_DOCS:
-        doc = _SWITCH_DOCS[flag]
-    if flag in _OFF_SWITCHES:
-        where = f"[{section}] {name} = false; default: on"
-    elif isinstance(default, bool):
-        where = f"[{section}] {name} = true; default: off"
-    elif default in ("", []):
-        where = f"[{section}] {name}"
-    else:
-        shown = "none" if default is None else ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
-        where = f"[{section}] {name}; default: {shown}"
-    return _escape(f"{doc} ({where})" if doc else f"({where})")
-
-
-def _flag_type(section: str, name: str):
-    """The argparse type of a field's flag, from its annotation (``X | None`` as ``X``)."""
-    hint = field_types(_section_class(section))[name]
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1:
-        hint = args[0]
-    if hint is bool:
-        return bool
-    if typing.get_origin(hint) in (list, tuple):  # a tuple's length is checked with the config's other checks
-        item = typing.get_args(hint)[0]
-
-        def comma_list(text: str) -> list:
-            try:
-                return [item(x) for x in text.split(",")]
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"expected comma-separated {item.__name__} values, got {text!r}") from None
-
-        comma_list.__name__ = f"comma-separated {item.__name__} list"
-        return comma_list
-    assert hint in (int, float, str), f"{section}.{name}: a flag for type {hint} needs a parser here"
-    return hint
-
-
-def _metavar(flag: str, kind) -> str:
-    if flag in _METAVARS:
-        return _METAVARS[flag]
-    return {int: "N", float: "X", str: "VALUE"}.get(kind, "A,B,...")
+from draftline.config_flags import add_config_arguments, config_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options grouped by config section, each explained by its field's docstring in draftline.config."""
-    from draftline.config_docs import field_docs, section_doc
-
+    """Every config field's option (``draftline.config_flags``), grouped by config section, and the launcher's."""
     parser.description = (
         "Train a DFlash drafter: targets -> hidden-state queue -> drafters. Every option below is also a field "
         "of a TOML or JSON config file (--config; the flag overrides the file), shown after its text as "
         "[section] field."
     )
-    run_group = parser.add_argument_group("run", "The config file and the run directory.")
-    run_group.add_argument("--config", metavar="FILE",
-                           help="a TOML or JSON file with [model], [data], [optim], ... sections (the fields "
-                                "below); flags given as well override it")
-    run_group.add_argument("--out", metavar="DIR", help=_escape(f"{field_docs(TrainConfig)['out']} (out, at the "
-                                                                "top of a config file)"))
-    groups = {}
-    for section in ("model", "data", "optim", "topology", "checkpoint", "monitor", "engine"):
-        about = section_doc(_section_class(section)).removeprefix(f"[{section}]").strip()
-        groups[section] = parser.add_argument_group(f"[{section}]", _escape(about))
-    groups["data"].add_argument("--data", nargs="+", metavar="DIR", help=_help("--data", "data", "data"))
-    topology = groups["topology"]
-    topology.add_argument("--gpus", "--nproc", dest="gpus", type=int, metavar="N", help=_help("--gpus", "topology", "gpus"))
-    topology.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                          help="with --gpus: times torchrun restarts the whole job after a rank fails; each restart "
-                               "resumes from the latest checkpoint (a command-line option only; default: 0)")
-    for flag, (section, name) in _FLAGS.items():
-        kind = _flag_type(section, name)
-        group = groups[section]
-        if flag in _OFF_SWITCHES:
-            group.add_argument(flag, action="store_false", default=None, help=_help(flag, section, name))
-        elif kind is bool:
-            group.add_argument(flag, action="store_true", default=None, help=_help(flag, section, name))
-        else:
-            group.add_argument(flag, type=kind, metavar=_metavar(flag, kind), help=_help(flag, section, name))
-
-
-def explain_like_train(parser: argparse.ArgumentParser) -> None:
-    """Give an option of another command that has no help of its own, and is also a ``train`` option
-    (plan's --token-budget, --max-anchors, ...), train's explanation: one source for what it means."""
-    for action in parser._actions:
-        flag = next((o for o in action.option_strings if o in _FLAGS), None)
-        if action.help is None and flag is not None:
-            section, name = _FLAGS[flag]
-            from draftline.config_docs import field_docs
-
-            doc = field_docs(_section_class(section)).get(name)
-            if doc:
-                action.help = _escape(doc) + " (as in train; default: %(default)s)"
-            if action.metavar is None and action.nargs is None and action.type is not None:
-                action.metavar = _METAVARS.get(flag)
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    config = TrainConfig()
-    if args.config:
-        apply_dict(config, load_config_file(args.config), args.config)
-    overrides: dict[str, dict] = {}
-    for flag, (section, name) in _FLAGS.items():
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
-        if value is not None:
-            overrides.setdefault(section, {})[name] = value
-    if args.gpus is not None:
-        overrides.setdefault("topology", {})["gpus"] = args.gpus
-    if args.data:
-        overrides.setdefault("data", {})["data"] = list(args.data)
-    if args.out:
-        overrides["out"] = args.out
-    apply_dict(config, overrides, "command line")
-    return config
-
-
-def _cpu_launch_env(device: str) -> None:
-    """CPU ranks share the cores: OpenMP threads that spin while they wait take the CPU from the
-    rank that has work (measured on 2 cores, 2 targets + 1 drafter: 1.27 -> 1.88 drafter batches/s).
-    Waiting threads sleep instead, unless the user chose a policy."""
-    import torch
-
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
-def threads_per_rank(num_processes: int) -> int:
-    """OpenMP threads of each of ``num_processes`` ranks on this node: its cores shared out, so the
-    ranks do not oversubscribe them (torchrun would set 1, and print a banner saying so)."""
-    return max(1, usable_cores() // max(1, num_processes))
-
-
-def _launch_env(device: str, num_processes: int) -> None:
-    """The environment the launched ranks inherit; a variable the user set stays."""
-    _cpu_launch_env(device)
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(num_processes)))
-    # On SIGINT/SIGTERM torchrun passes the signal on and waits this long before it kills the ranks:
-    # long enough for the step in flight and the stop's checkpoint (torchrun's default is 30 s).
-    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
-
-
-def _launch(gpus: int, max_restarts: int, argv: list[str], out: str, device: str) -> int:
-    """Re-run this command under torchrun with ``gpus`` local processes (a config file's
-    topology.gpus reaches the ranks too; they run under torchrun, so they do not launch again)."""
-    from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    _launch_env(device, gpus)
-
-    rest, skip = [], False
-    for item in argv:
-        if skip:
-            skip = False
-            continue
-        if item in ("--gpus", "--nproc", "--max-restarts"):
-            skip = True
-            continue
-        if item.startswith(("--gpus=", "--nproc=", "--max-restarts=")):
-            continue
-        rest.append(item)
-    torchrun_args = ["--standalone", f"--nproc-per-node={gpus}", f"--max-restarts={max_restarts}",
-                     "-m", "draftline", "train", *rest]
-    started = time.time()
-    try:
-        torchrun.main(torchrun_args)
-    except ChildFailedError as exc:
-        rank, first = exc.get_first_failure()
-        code = first.exitcode
-        culprit = _name_failed_rank(Path(out), rank, first, started)
-        print(f"draftline: the run failed: {culprit} (see the ranks' messages above)", file=sys.stderr)
-        return code if code and code > 0 else 1
-    except SignalException as exc:  # torchrun passed the signal to the ranks and waited for them
-        return _stopped(Path(out), exc.sigval, started)
-    return 0
-
-
-def _stopped(run_dir: Path, signum: int, started: float) -> int:
-    """The exit code of a launch stopped by a signal, from how its ranks ended: the logging rank's
-    end record in RUN_DIR/metrics.jsonl (its message, with the checkpoint, is above)."""
-    end = _last_end_record(run_dir / "metrics.jsonl", started)
-    if end is not None and end.get("status") in ("stopped", "finished"):
-        return 0
-    if end is not None and end.get("status") == "failed":
-        return 1
-    name = signal.Signals(signum).name
-    print(f"draftline: stopped by {name} before the run saved a checkpoint of its stop; --resume continues "
-          "from the latest checkpoint, if there is one", file=sys.stderr)
-    return 128 + int(signum)
-
-
-def _last_end_record(path: Path, since: float) -> dict | None:
-    """The last ``kind: "end"`` record written at or after ``since`` (read from the file's tail)."""
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 65536))
-            lines = f.read().decode("utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and record.get("kind") == "end" and record.get("time", 0) >= since:
-            return record
-    return None
-
-
-def _name_failed_rank(run_dir: Path, rank: int, failure, started: float) -> str:
-    """The first rank torchrun saw fail, named from its record in RUN_DIR/ranks (role, host, GPU, pid).
-
-    torchrun may notice a killed rank and stop the others before their watchdogs name it; then this
-    is the only place that can, so it also writes RUN_DIR/failure.json if no rank did.
-    """
-    how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
-    name = f"rank {rank} (pid {failure.pid})"
-    record = run_dir / "ranks" / f"rank-{rank}.json"
-    try:
-        info = json.loads(record.read_text())
-        name = f"{info['role']} rank {rank} (host {info['host']}, {info['gpu']}, pid {info['pid']})"
-    except (OSError, ValueError, KeyError):
-        pass
-    message = f"{name} died ({how})"
-    failure_json = run_dir / "failure.json"
-    try:
-        written = json.loads(failure_json.read_text())["time"] >= started  # by a rank of this launch
-    except (OSError, ValueError, KeyError):
-        written = False
-    if written:  # a rank's watchdog named the culprit; it may have stopped the others before torchrun saw it
-        return json.loads(failure_json.read_text())["message"]
-    from draftline.pipeline.rundir import live_owner
-
-    if run_dir.is_dir() and not written and live_owner(run_dir) is None:  # not into another live run's directory
-        failure_json.write_text(json.dumps({"time": time.time(), "message": message, "step": None,
-                                            "checkpoint": None}, indent=2) + "\n")
-    return message
-
-
-def _die_with_launcher() -> None:
-    """A rank started by torchrun dies with its launcher (Linux): if a node's torchrun is killed, its
-    ranks would otherwise train on as orphans nobody stops, and the other nodes could not see that
-    the node is gone. Dead, they are named by the surviving ranks like any rank that died."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    launcher = os.getppid()
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != launcher:  # the launcher died before the line above
-        os.kill(os.getpid(), signal.SIGKILL)
+    groups = add_config_arguments(parser)
+    groups["topology"].add_argument(
+        "--max-restarts", type=int, default=0, metavar="N",
+        help="with --gpus: times torchrun restarts the whole job after a rank fails; each restart resumes from the "
+             "latest checkpoint (a command-line option only; default: 0)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from draftline.pipeline.signals import interrupt_until_training
+    from draftline.distributed.signals import handlers_kept
+
+    with handlers_kept():  # called in a process that goes on (tests): its own handlers back at the end
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from draftline.distributed.signals import interrupt_until_training
 
     interrupt_until_training()  # a stop before the line handles signals: a message, not a traceback
     from draftline.config import validate
+    from draftline.distributed.launch import die_with_launcher, launch
     from draftline.errors import DraftlineError
     from draftline.pipeline.run import run_training
 
@@ -409,10 +53,10 @@ def run(args: argparse.Namespace) -> int:
         raise DraftlineError("--max-restarts needs --gpus N (or topology.gpus) > 1: it is torchrun's restart count; "
                              "a job started by torchrun itself takes torchrun's own --max-restarts")
     if gpus and gpus > 1 and "LOCAL_RANK" not in os.environ:
-        from draftline.pipeline.rundir import check_run_dir_free
+        from draftline.distributed.rundir import check_run_dir_free
 
         check_run_dir_free(config.out)  # refused before any rank starts; rank 0 takes the lock itself
-        return _launch(gpus, args.max_restarts, list(getattr(args, "argv", sys.argv[2:])), config.out,
-                       config.topology.device)
-    _die_with_launcher()
+        return launch(gpus, args.max_restarts, list(getattr(args, "argv", sys.argv[2:])), config.out,
+                      config.topology.device)
+    die_with_launcher()
     return run_training(config)

@@ -3,7 +3,7 @@
 Each worker is a ``LocalGenerator`` in its own process: on its own GPU (``cuda:k``), or on CPU with its
 share of the cores. It is for several GPUs: on two CPU cores, one process's two threads decoded the
 demo's target as fast (an AMD EPYC) or faster (an Intel Xeon: 1.3x) than two processes of one thread
-(docs/PERF_NOTES.md, "Regeneration on several processes").
+(docs/benchmarks/2026-12-demo-sizing.md).
 
 ``complete`` cuts its conversations into consecutive chunks of ``batch_size``, one per worker, and
 returns the replies in their order: with groups of ``batch_size x workers`` the batches are the ones

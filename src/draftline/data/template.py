@@ -11,7 +11,9 @@ guessed from token patterns; it is located in the rendered text and then checked
    first, e.g. an empty think block, belongs to the reply). When it is not (templates that rewrite
    earlier turns, like Qwen3 dropping old reasoning), the turn starts at its content.
 3. The content must appear verbatim after that start, followed (after whitespace only) by one of
-   the target's end-of-turn tokens. The span runs from the start to the end of that token.
+   the target's end-of-turn tokens: its eos ids, and the special token the template itself writes
+   right after a reply (ChatML's ``<|im_end|>``, also where the configs name another eos). The span
+   runs from the start to the end of that token.
 4. The tokens must tile each span exactly: no token straddles a span edge (the tokens between
    the edges then cover the rest). Anything else means the template moved or dropped the turn,
    and the record is skipped as a template mismatch rather than trained with a wrong mask.
@@ -90,9 +92,31 @@ class ChatEncoder:
         eos_ids = _eos_ids(self.target_dir)
         if self.tokenizer.eos_token_id is not None:
             eos_ids.add(self.tokenizer.eos_token_id)
-        self.end_of_turn = sorted({self.tokenizer.convert_ids_to_tokens(i) for i in eos_ids if i is not None and i < len(self.tokenizer)})
+        end_of_turn = {self.tokenizer.convert_ids_to_tokens(i) for i in eos_ids if i is not None and i < len(self.tokenizer)}
+        # What ends an assistant turn: the configs' eos ids and the token the template closes a reply with
+        # (ChatML's <|im_end|>, where the configs may name another eos).
+        closer = self._turn_closer()
+        self.end_of_turn = sorted(end_of_turn | ({closer} if closer else set()))
         if not self.end_of_turn:
-            raise DraftlineError(f"{target_dir}: no eos_token_id in the tokenizer or config; cannot tell where a turn ends")
+            raise DraftlineError(f"{target_dir}: no eos_token_id in the tokenizer or config, and the chat template "
+                                 "closes no reply with a special token; cannot tell where a turn ends")
+
+    def _turn_closer(self) -> str | None:
+        """The special token the template writes right after an assistant's reply, found by rendering one
+        (whitespace between them allowed); None where the template closes no reply with one."""
+        probe = "draftline-reply-7c1e"
+        messages = [{"role": "user", "content": "draftline-prompt"}, {"role": "assistant", "content": probe}]
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, **self._template_kwargs)
+        except Exception:  # noqa: BLE001 - a template with rules of its own (a system turn first, ...): none found
+            return None
+        at = text.rfind(probe)
+        if at < 0:
+            return None
+        rest = text[at + len(probe):].lstrip()
+        specials = sorted((t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special), key=len,
+                          reverse=True)
+        return next((token for token in specials if token and rest.startswith(token)), None)
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = False) -> str:
         try:

@@ -23,8 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftline import run_files
 from draftline.cores import usable_cores
-from draftline.demo.sizing import (
+from draftline.sizing.demo import (
     DemoSize, measure_speed, regeneration_minutes, size_demo, speed_now, step_cap, steps_after_data, tail_seconds,
     training_limit_s, with_conversations,
 )
@@ -45,7 +46,7 @@ class DemoConfig:
     max_new_tokens: int = 64
     """Length of each regenerated reply."""
     epochs: int = 15
-    """The most passes over the data (what sets tau here, with the data: docs/PERF_NOTES.md); fewer when
+    """The most passes over the data (what sets tau here, with the data: docs/benchmarks/2026-12-demo-scaling.md); fewer when
     the steps that fit in ``minutes`` end the run first. Fifteen: a machine that regenerates fewer
     conversations than planned (decoding slow against its training) trains them longer; 24 epochs of 320
     conversations still gained, 60 lost."""
@@ -69,7 +70,7 @@ class DemoConfig:
     token_budget: int = 1024
     lr: float = 2e-3
     """Peak learning rate. With two batches a step, 2e-3 and 1.5e-3 beat 3e-3 by about 0.09 tau at 777 steps
-    (every seed higher), 4.5e-3 and 6e-3 lose 0.16 (docs/PERF_NOTES.md, "The demo's learning rate")."""
+    (every seed higher), 4.5e-3 and 6e-3 lose 0.16 (docs/benchmarks/2026-12-demo-settings.md)."""
     eval_prompts: int = 24
     """Held-out prompts for the final acceptance measurement."""
     eval_max_new_tokens: int = 64
@@ -82,7 +83,7 @@ class DemoConfig:
     two cores, 4-10 steps' worth)."""
     gpus: int = 2
     """Processes of the line, each a target and a drafter (``--colocated``; on CPU the drafters replicate): on 2
-    cores 1.45x the 2 targets + 1 drafter line, the fastest layout measured (docs/PERF_NOTES.md)."""
+    cores 1.45x the 2 targets + 1 drafter line, the fastest layout measured (docs/benchmarks/2026-12-demo-cpu-line.md)."""
     seed: int = 0
 
     @classmethod
@@ -140,7 +141,7 @@ class Stages:
         """Run ``draftline ARGS`` as a child process; ``processes``: how many processes it starts (ranks).
 
         Each process gets an equal share of this machine's cores as its thread count, at least one: more
-        threads than cores made the demo's 3 ranks on 2 cores 1.4x slower (docs/PERF_NOTES.md).
+        threads than cores made the demo's 3 ranks on 2 cores 1.4x slower (docs/benchmarks/2026-12-demo-cpu-line.md).
         """
         print("$ draftline " + " ".join(shlex.quote(a) for a in args), flush=True)
         threads = str(max(1, min(4, usable_cores() // processes)))
@@ -233,6 +234,10 @@ def run_demo(cfg: DemoConfig) -> dict:
         max_minutes = training_limit_s(probe_now, left, expected) / 60
         max_steps = step_cap(expected, size.most_steps)
         stages.planned_end = time.time() + tail_seconds(probe_now) + max_minutes * 60
+        late = tail_seconds(probe_now) + max_minutes * 60 - left
+        if late > 1:  # the fewest steps take longer than the time left: said, not hidden in the ETA
+            print(f"  behind its plan: the fewest steps the demo trains end it about {late / 60:.1f} min after its "
+                  f"{cfg.minutes:g} minutes", flush=True)
     stages.header("train", f"{cfg.gpus} processes on CPU, each a target and a drafter (torchrun, gloo)"
                   + (f", {max_minutes:.1f} min of steps, about {expected} here ({probe_now * 1000:.0f} ms per pass now; "
                      f"at most {max_steps}; the learning rate's schedule follows the time)" if max_steps else ""))
@@ -261,7 +266,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     if monitor_tau is not None and cfg.final_in_training:
         print(f"  the training monitor's final tau on the same prompts: {monitor_tau:.2f}")
     print(f"  drafter (loads in DFlash, SGLang, vLLM): {run_dir / 'final'}")
-    print(f"  metrics: {run_dir / 'metrics.jsonl'}   TensorBoard: tensorboard --logdir {run_dir / 'tensorboard'}")
+    print(f"  metrics: {run_dir / run_files.METRICS}   TensorBoard: tensorboard --logdir {run_dir / run_files.TENSORBOARD}")
     print(f"  report: {run_dir / 'report' / 'summary.md'} (and the PNG plots beside it)")
     print(f"  evaluation, per prompt: {eval_json}")
     result = {"tau": tau, "monitor_tau": monitor_tau, "minutes": minutes, "run_dir": str(run_dir),
@@ -290,14 +295,14 @@ def _size_for_this_machine(cfg: DemoConfig, deadline: float | None) -> DemoSize 
 
 def _trained(run_dir: Path) -> dict:
     """The steps the training took and what ended it ("time limit" where --max-minutes cut the plan)."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / run_files.METRICS
     ends = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "end"] if path.is_file() else []
     return {"trained_steps": ends[-1]["step"], "ended_by": ends[-1].get("reason") or "last step"} if ends else {}
 
 
 def final_monitor_tau(run_dir: Path) -> float | None:
     """The tau of the training monitor's final measurement (metrics.jsonl), or None."""
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / run_files.METRICS
     if not path.is_file():
         return None
     finals = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "eval" and r.get("final")]

@@ -7,14 +7,15 @@ GPU memory) or a run without evaluations still gets a report.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftline import run_files
 from draftline.evaluate.run_log import RunLog, read_run_log
-
-REPORT_DIR = "report"
+from draftline.files import write_atomic
 
 
 @dataclass
@@ -60,9 +61,19 @@ def _save(fig, axes, path: Path) -> Path:
             ax.legend(fontsize="small", loc="best")
     axes[-1].set_xlabel(axes[-1].get_xlabel() or "step")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _write_png(fig, path)
     _pyplot().close(fig)
     return path
+
+
+def _write_png(fig, path: Path) -> None:
+    """The figure rendered in memory, then written whole or not at all (``files.write_atomic``)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    write_atomic(path, buffer.getvalue(), "the plot", _FIX)
+
+
+_FIX = "free space there and run `draftline report` again"
 
 
 def _list_series(log: RunLog, key: str, kind: str = "train") -> tuple[list[float], list[list[float]]]:
@@ -108,7 +119,7 @@ def plot_accuracy_by_position(plt, log: RunLog, path: Path) -> Path | None:
     for ax in (last_ax, time_ax):
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _write_png(fig, path)
     plt.close(fig)
     return path
 
@@ -313,7 +324,7 @@ def write_report(run_dir: str | Path) -> Report:
     """Read RUN_DIR/metrics.jsonl, write RUN_DIR/report/*.png and summary.md."""
     run_dir = Path(run_dir)
     log = read_run_log(run_dir)
-    out = run_dir / REPORT_DIR
+    out = run_dir / run_files.REPORT
     out.mkdir(parents=True, exist_ok=True)
     report = Report(out, out / "summary.md")
     plt = _pyplot()
@@ -324,5 +335,5 @@ def write_report(run_dir: str | Path) -> Report:
         else:
             report.plots.append(path)
     plt.close("all")
-    report.summary.write_text(summary_markdown(run_dir, log, report))
+    write_atomic(report.summary, summary_markdown(run_dir, log, report).encode("utf-8"), "the summary", _FIX)
     return report

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftline import run_files
 from draftline.errors import DraftlineError
-
-METRICS_FILE = "metrics.jsonl"
 
 
 @dataclass
@@ -97,9 +96,9 @@ def _number(value: Any) -> float | None:
 
 
 def read_run_log(run_dir: str | Path) -> RunLog:
-    path = Path(run_dir) / METRICS_FILE
+    path = Path(run_dir) / run_files.METRICS
     if not path.is_file():
-        raise DraftlineError(f"{run_dir}: no {METRICS_FILE}; pass the run directory a training run wrote (--out)")
+        raise DraftlineError(f"{run_dir}: no {run_files.METRICS}; pass the run directory a training run wrote (--out)")
     records, skipped = [], []
     with open(path, encoding="utf-8", errors="replace") as f:
         for line_no, line in enumerate(f, start=1):

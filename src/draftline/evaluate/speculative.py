@@ -304,10 +304,10 @@ def speculative_generate(
 ) -> Generation:
     """Decode one prompt with speculative decoding; lossless with respect to ``target``.
 
-    ``drafter``: a drafter (its method's proposer decodes with it, ``methods``) or a proposer. ``block_size``:
-    the DFlash block to draft (default the drafter's); a token proposer drafts with its own block only.
+    ``drafter``: a proposer, or a DFlash drafter (``as_proposer``). ``block_size``: the DFlash block to draft
+    (default the drafter's); a token proposer drafts with its own block only.
     """
-    proposer = _proposer(drafter, target)
+    proposer = as_proposer(drafter, target)
     own_drafts = getattr(proposer, "num_drafts", None)  # a TokenProposer's
     if own_drafts is not None and block_size is not None and int(block_size) != proposer.block_size:
         raise DraftlineError(f"this drafter drafts from blocks of {proposer.block_size} (its training block); "
@@ -401,13 +401,23 @@ def speculative_generate(
     return Generation(tokens[:max_length], acceptance_lengths, num_prompt, _now(device) - began)
 
 
-def _proposer(drafter, target: PreTrainedModel):
-    """The proposer of a drafter (its method's: ``methods.method_for``), or ``drafter`` itself when it is one."""
-    if not isinstance(drafter, DFlashDrafter):
+def as_proposer(drafter, target: PreTrainedModel):
+    """``drafter`` itself when it is a proposer; a DFlash drafter wired to ``target`` (``DFlashProposer``). A
+    drafter of another method decodes through its method's proposer (``methods``), which the caller passes."""
+    if not isinstance(drafter, torch.nn.Module):
         return drafter
-    from draftline.methods import method_for  # the methods build their proposers from this module
+    if getattr(drafter, "method", "dflash") != "dflash":
+        raise DraftlineError(f"a {drafter.method} drafter drafts with its method's proposer: pass "
+                             f"draftline.methods.method_for(drafter.config).proposer(drafter, target) instead of the "
+                             "drafter")
+    return DFlashProposer(drafter, target)
 
-    return method_for(drafter.config).proposer(drafter, target)
+
+def verified_rows(proposer) -> int:
+    """Rows of one verification at most: the anchor and the drafts (a ``TokenProposer`` drafts ``num_drafts``,
+    a DFlash proposer ``block_size - 1``); acceptance lengths lie in 1 .. this."""
+    own = getattr(proposer, "num_drafts", None)
+    return int(own) + 1 if own is not None else int(proposer.block_size)
 
 
 @torch.inference_mode()

@@ -9,10 +9,13 @@ official DFlash code, SGLang and vLLM load it as it is; its config object is the
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 from transformers import PretrainedConfig, Qwen3Config
 
+from draftline.config import ModelConfig, flag_of
 from draftline.errors import DraftlineError
 from draftline.model.linear_attention import is_hybrid
 
@@ -26,7 +29,7 @@ _SIZE_FIELDS = (
 
 # Rope fields of a target's attention that a Qwen3 drafter layer does not have (the drafter rotates
 # whole heads with one frequency set, as the public drafters for these targets do).
-_TARGET_ONLY_ROPE = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
+TARGET_ONLY_ROPE = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
 DEFAULT_DRAFT_LAYERS = 5
 DEFAULT_BLOCK_SIZE = 16
@@ -80,13 +83,14 @@ def text_config(config: PretrainedConfig) -> PretrainedConfig:
     return getter() if getter is not None else config
 
 
-def _rope_parameters(target: PretrainedConfig) -> dict[str, Any]:
+def drafter_rope_parameters(target: PretrainedConfig) -> dict[str, Any]:
+    """The target's RoPE settings a drafter layer takes (``TARGET_ONLY_ROPE`` left out)."""
     rope = getattr(target, "rope_parameters", None)
     if rope is None:  # transformers 4-style configs
         rope = dict(getattr(target, "rope_scaling", None) or {})
         rope.setdefault("rope_type", rope.pop("type", "default"))
         rope["rope_theta"] = getattr(target, "rope_theta", 10000.0)
-    rope = {k: v for k, v in rope.items() if k not in _TARGET_ONLY_ROPE}
+    rope = {k: v for k, v in rope.items() if k not in TARGET_ONLY_ROPE}
     if "rope_type" not in rope:
         raise DraftlineError(
             "the target config's rope_parameters is per layer type, which the DFlash drafter "
@@ -149,7 +153,7 @@ def build_drafter_config(
         hidden_act="silu",
         attention_bias=False,
         attention_dropout=0.0,
-        rope_parameters=_rope_parameters(target),
+        rope_parameters=drafter_rope_parameters(target),
         tie_word_embeddings=bool(getattr(target_config, "tie_word_embeddings", False)),
         layer_types=list(layer_types),
         use_sliding_window="sliding_attention" in layer_types,
@@ -251,22 +255,54 @@ def check_matches_target(drafter: Qwen3Config, target_config: PretrainedConfig) 
 def refuse_shape_flags(model: Any, drafter: Qwen3Config) -> None:
     """A warm start from a released drafter takes the drafter's own shape: a flag of the run's ``[model]``
     section (``draftline.config.ModelConfig``) that asks for another one is refused, not ignored."""
-    asked = {
-        "--draft-layers": (model.draft_layers, drafter.num_hidden_layers),
-        "--block-size": (model.block_size, drafter.block_size),
-        "--target-layer-ids": (model.target_layer_ids, target_layer_ids(drafter)),
-        "--mask-token-id": (model.mask_token_id, mask_token_id(drafter)),
-        "--layer-types": (model.layer_types, list(drafter.layer_types or [])),
-        "--sliding-window": (model.sliding_window, drafter.sliding_window),
+    has = {
+        "draft_layers": drafter.num_hidden_layers,
+        "block_size": drafter.block_size,
+        "target_layer_ids": target_layer_ids(drafter),
+        "mask_token_id": mask_token_id(drafter),
+        "layer_types": list(drafter.layer_types or []),
+        "sliding_window": drafter.sliding_window,
     }
-    clash = [f"{flag} {given} (the drafter has {has})" for flag, (given, has) in asked.items()
-             if given is not None and given != has]
+    clash = [f"{flag_of(model, name)} {getattr(model, name)} (the drafter has {value})" for name, value in has.items()
+             if getattr(model, name) is not None and getattr(model, name) != value]
+    init = flag_of(model, "init_drafter")
     if clash:
         raise DraftlineError(
-            f"--init-drafter {model.init_drafter} fixes the drafter's shape, but " + "; ".join(clash)
-            + ": drop these flags (the drafter's own values are used), or start without --init-drafter")
+            f"{init} {model.init_drafter} fixes the drafter's shape, but " + "; ".join(clash)
+            + f": drop these flags (the drafter's own values are used), or start without {init}")
     if model.init_from_target:
-        raise DraftlineError("--init-drafter and --init-from-target both set the starting weights; pick one")
+        raise DraftlineError(f"{init} and {flag_of(model, 'init_from_target')} both set the starting weights; pick one")
+
+
+def refuse_changed_drafter(checkpoint: str | Path, config: Qwen3Config) -> None:
+    """A resume continues the drafter ``checkpoint`` holds (its ``drafter/config.json``): a run whose flags
+    or defaults resolve to another drafter ``config`` is refused, not trained on with another mask row
+    or other feature layers. A checkpoint without that file is not compared."""
+    saved_file = Path(checkpoint) / "drafter" / "config.json"
+    if not saved_file.is_file():
+        return
+    saved = json.loads(saved_file.read_text())
+    dflash = saved.get("dflash_config") or {}
+    fields = {
+        "mask_token_id": (dflash.get("mask_token_id"), mask_token_id(config)),
+        "target_layer_ids": (dflash.get("target_layer_ids"), target_layer_ids(config)),
+        "block_size": (saved.get("block_size"), config.block_size),
+        "draft_layers": (saved.get("num_hidden_layers"), config.num_hidden_layers),
+        "layer_types": (saved.get("layer_types"), list(config.layer_types or [])),
+        "sliding_window": (saved.get("sliding_window"), config.sliding_window),
+    }
+    changed = [(flag_of(ModelConfig, name), had, now) for name, (had, now) in fields.items()
+               if had is not None and had != now]
+    if changed:
+        raise DraftlineError(
+            f"{checkpoint}: a resume continues the drafter this checkpoint holds, but this run resolves another: "
+            + "; ".join(f"{flag} {now} (the checkpoint's drafter has {had})" for flag, had, now in changed)
+            + ": resume with " + " ".join(f"{flag} {_flag_value(had)}" for flag, had, _ in changed)
+            + ", or start a new run (--from-scratch, or another --out)")
+
+
+def _flag_value(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def target_layer_ids(config: Qwen3Config) -> list[int]:

@@ -201,6 +201,9 @@ class DrafterLayer(nn.Module):
 class DFlashDrafter(nn.Module):
     """The DFlash draft model. Parameter names match the z-lab checkpoint format exactly."""
 
+    method = "dflash"
+    """The training method whose drafter this is (``draftline.methods``): what decodes it and how it is exported."""
+
     def __init__(self, config: Qwen3Config):
         super().__init__()
         self.config = config
@@ -266,3 +269,4 @@ def checkpoint_layers(drafter: DFlashDrafter) -> None:
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
 
         layer.forward = wrapped
+        layer.checkpointed = True  # compilation keeps nothing else of such a layer (model.fused)

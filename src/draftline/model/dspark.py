@@ -134,6 +134,8 @@ class DSparkDrafter(DFlashDrafter):
     """The DFlash backbone (its ``forward`` returns the block rows' final hidden states, unchanged) with the
     DSpark heads as ``markov_head`` and ``confidence_head`` (None when off). Parameter names are the export's."""
 
+    method = "dspark"
+
     def __init__(self, config: Qwen3Config):
         validate_dspark_config(config)
         super().__init__(config)

@@ -5,9 +5,11 @@ outside the models (CUDA only).
 kernel (``attention_inputs``: RMSNorm, q/k/v, q/k norms, RoPE, concatenation;
 ``attention_outputs_and_mlp``: o_proj, residual, RMSNorm, SwiGLU MLP), the context projection and
 the final norm. Inductor fuses the elementwise work (norms, RoPE, SiLU * up, residual adds) into
-the matmuls' neighbours, and its partitioner recomputes cheap elementwise results in backward
-instead of storing them. The masked attention keeps its own compiled flex kernel
-(``draftline.model.attention``), whose block mask changes every pass.
+the matmuls' neighbours. What the halves keep for backward is chosen by ``recompute``
+(``draftline.model.recompute``): by default (``"cheap"``) only the outputs of their matrix products;
+norms, the SwiGLU product and the bf16 copies of the weights are recomputed in backward. The masked
+attention keeps its own compiled flex kernel (``draftline.model.attention``), whose block mask
+changes every pass.
 
 The functions are replaced on the instances (bound methods), so parameter names and the state
 dict stay those of the eager model; calls without gradients or with an inference cache (evaluation
@@ -30,10 +32,10 @@ from draftline.model.drafter import ContextCache, DFlashDrafter
 from draftline.model.target import TargetFeatures
 
 
-def _compiled_when(use_compiled, eager):
-    """``eager`` compiled (dynamic shapes), called compiled when ``use_compiled(args, kwargs)`` holds and
-    eager otherwise: the calls a model makes outside the pass it was compiled for stay as written."""
-    compiled = torch.compile(eager, dynamic=True)
+def _compiled_when(use_compiled, eager, compiled_fn=None):
+    """``compiled_fn`` (default ``eager``) compiled (dynamic shapes), called when ``use_compiled(args, kwargs)``
+    holds, and ``eager`` otherwise: the calls a model makes outside the pass it was compiled for stay as written."""
+    compiled = torch.compile(compiled_fn or eager, dynamic=True)
 
     def call(*args, **kwargs):
         return (compiled if use_compiled(args, kwargs) else eager)(*args, **kwargs)
@@ -48,11 +50,20 @@ def _training_pass(args, kwargs) -> bool:
     return torch.is_grad_enabled() and not any(isinstance(a, ContextCache) for a in (*args, *kwargs.values()))
 
 
-def compile_drafter(drafter: DFlashDrafter) -> DFlashDrafter:
-    """Compile the drafter's dense parts in place for training passes (see the module docstring)."""
+def compile_drafter(drafter: DFlashDrafter, recompute: str = "cheap") -> DFlashDrafter:
+    """Compile the drafter's dense parts in place for training passes (see the module docstring).
+
+    ``recompute``: what each layer's halves recompute in backward instead of keeping
+    (``draftline.model.recompute.MODES``). Layers that ``checkpoint_layers`` recomputes whole keep nothing
+    anyway: theirs stay as compiled (``"none"``)."""
+    from draftline.model.recompute import selective
+
     for layer in drafter.layers:
+        mode = "none" if getattr(layer, "checkpointed", False) else recompute
         for name in ("attention_inputs", "attention_outputs_and_mlp"):
-            setattr(layer, name, _compiled_when(_training_pass, getattr(layer, name)))
+            eager = getattr(layer, name)
+            lean = selective(eager, mode, intermediate_size=drafter.config.intermediate_size)
+            setattr(layer, name, _compiled_when(_training_pass, eager, compiled_fn=lean))
     drafter.project_context = _compiled_when(_training_pass, drafter.project_context)
     drafter.norm.forward = _compiled_when(_training_pass, drafter.norm.forward)
     return drafter

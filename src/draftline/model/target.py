@@ -10,7 +10,8 @@ layers get a block-sparse per-document causal mask (flex attention), and the Gat
 of hybrid targets (Qwen3.5/3.6) get the documents' boundaries (``model/linear_attention.py``). On
 CPU each document is a padded row of its own. A vision-language checkpoint
 (``*ForConditionalGeneration``) loads as its text model: the vision tower and MTP weights are
-never read into memory.
+never read into memory. Given a target group's process group, the target is split over the group's ranks by
+transformers' tensor-parallel plans (``model/target_parallel.py``) and every rank returns the same features.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from draftline.data.batch import PackedBatch
 from draftline.errors import DraftlineError
-from draftline.model import linear_attention
+from draftline.model import linear_attention, target_parallel
 from draftline.model.config import text_config
 
 
@@ -107,12 +108,17 @@ class TargetFeatures:
         final_hidden: bool = False,
         packed: bool | None = None,
         config: PretrainedConfig | None = None,
+        group: "torch.distributed.ProcessGroup | None" = None,
     ):
         """``packed``: one packed row per batch (default: with flex attention, i.e. on GPU); ``config``: the
-        target's config already read (``ModelSpec.target_file_config``; copied, not changed), else read here."""
+        target's config already read (``ModelSpec.target_file_config``; copied, not changed), else read here;
+        ``group``: the target group's process group, to split the target over its ranks
+        (``model/target_parallel.py``; every rank of the group builds it, and each then returns the same features)."""
         device = torch.device(device)
         self.layer_ids = list(layer_ids)
         config = copy.deepcopy(config) if config is not None else load_target_config(target_dir)
+        self.group_size = torch.distributed.get_world_size(group) if group is not None else 1
+        target_parallel.check_group_size(config, self.group_size)
         text = text_config(config)
         hybrid = linear_attention.is_hybrid(text)
         if device.type == "cpu" and hybrid and importlib.util.find_spec("fla"):
@@ -133,10 +139,14 @@ class TargetFeatures:
         if device.type == "cuda" and hybrid and (attn in _FLEX if packed is None else packed):
             linear_attention.fla_kernels()  # before reading the weights: name the install command at once
         with _quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(
-                target_dir, config=config, dtype=dtype, attn_implementation=attn
-            )
-        self._wrap(model.to(device), attn, packed, hybrid)
+            if self.group_size > 1:
+                model = target_parallel.load_split(target_dir, config, group, device=device, dtype=dtype,
+                                                   attn_implementation=attn)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(
+                    target_dir, config=config, dtype=dtype, attn_implementation=attn
+                ).to(device)
+        self._wrap(model, attn, packed, hybrid)
 
     @classmethod
     def from_model(cls, model, layer_ids: list[int], *, keep_all_layers: bool = False,
@@ -144,6 +154,7 @@ class TargetFeatures:
         """Wrap an in-memory causal LM (benchmarks, tests); drops the unused layers unless told not to."""
         self = cls.__new__(cls)
         self.layer_ids = list(layer_ids)
+        self.group_size = 1
         text = text_config(model.config)
         self._set_layers(int(text.num_hidden_layers), final_hidden)
         if not keep_all_layers:

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import threading
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
+from draftline import run_files
 from draftline.errors import DraftlineError
+from draftline.files import append_line, disk_full_error, open_for_append
 
 # Lists whose entries are numbered from 1: block slots 1..B-1 and committed lengths 1..B.
 _ONE_BASED_LISTS = {"accuracy_by_position", "acceptance_by_position", "acceptance_hist"}
@@ -77,20 +81,25 @@ class NullLogger:
 
 
 class JsonlLogger:
-    """Appends one JSON object per line; flushed per line so a crash loses at most the last one."""
+    """Appends one JSON object per line, each written whole or not at all (``files.append_line``: a full disk
+    is named and leaves no half line); unbuffered, so a crash loses at most the record being written."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._fd: int | None = open_for_append(self.path)
+        self._lock = threading.Lock()  # the monitor's thread and the training thread both log: one record at a time
 
     def log(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(_json_safe(record), allow_nan=False) + "\n")
-        self._file.flush()
+        line = json.dumps(_json_safe(record), allow_nan=False) + "\n"
+        with self._lock:
+            append_line(self._fd, line, self.path, "a metrics record to",
+                        "free space there (the run's checkpoints need it too) or move --out to a larger disk")
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class TensorBoardLogger:
@@ -102,22 +111,54 @@ class TensorBoardLogger:
     def __init__(self, log_dir: str | Path):
         from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when asked
 
+        self.log_dir = Path(log_dir)
         self._writer = SummaryWriter(log_dir=str(log_dir))
+        _quiet_tensorboard_thread_errors()
 
     def log(self, record: dict[str, Any]) -> None:
         kind = record.get("kind", "metrics")
         step = int(record.get("step") or 0)
-        if kind == "start":
-            config = {k: v for k, v in record.items() if k not in ("kind", "time")}
-            self._writer.add_text("start", "```\n" + json.dumps(_json_safe(config), indent=2) + "\n```", step)
-            return
-        wall_time = record.get("time")
-        for name, value in flatten_scalars(record):
-            self._writer.add_scalar(f"{kind}/{name}", value, step, walltime=wall_time)
-        self._writer.flush()
+        try:
+            if kind == "start":
+                config = {k: v for k, v in record.items() if k not in ("kind", "time")}
+                self._writer.add_text("start", "```\n" + json.dumps(_json_safe(config), indent=2) + "\n```", step)
+                return
+            wall_time = record.get("time")
+            for name, value in flatten_scalars(record):
+                self._writer.add_scalar(f"{kind}/{name}", value, step, walltime=wall_time)
+            self._writer.flush()
+        except OSError as exc:  # its writer thread's error, raised here (a record cut short fails its checksum)
+            raise self._named(exc) from exc
+
+    def _named(self, exc: OSError) -> Exception:
+        return disk_full_error(exc, self.log_dir / "events.out.tfevents.*", "TensorBoard events to",
+                               "the events before are readable (TensorBoard skips a record cut short)",
+                               "free space there or train with --no-tensorboard (metrics.jsonl has every record)") or exc
 
     def close(self) -> None:
-        self._writer.close()
+        try:
+            self._writer.close()
+        except OSError as exc:
+            raise self._named(exc) from exc
+
+
+def _quiet_tensorboard_thread_errors() -> None:
+    """TensorBoard's writer thread re-raises a write that failed (a full disk), which Python prints as a
+    traceback; ``TensorBoardLogger.log`` raises that error, named, on the run's next record instead."""
+    try:
+        from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+    except ImportError:  # another tensorboard: its thread's errors print as they are
+        return
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args) -> None:
+        if not (isinstance(args.thread, _AsyncWriterThread) and issubclass(args.exc_type, OSError)):
+            previous(args)
+
+    hook.quiets_tensorboard = True
+    threading.excepthook = hook
 
 
 class WandbLogger:
@@ -180,9 +221,9 @@ def open_loggers(
     try:
         if wandb:  # first: it is the one that can fail on a missing package
             loggers.append(WandbLogger(run_dir, wandb_project))
-        loggers.append(JsonlLogger(run_dir / "metrics.jsonl"))
+        loggers.append(JsonlLogger(run_dir / run_files.METRICS))
         if tensorboard:
-            loggers.append(TensorBoardLogger(run_dir / "tensorboard"))
+            loggers.append(TensorBoardLogger(run_dir / run_files.TENSORBOARD))
     except Exception:
         for logger in loggers:
             logger.close()

@@ -13,8 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftline.monitor.flops import PeakFlops
 from draftline.monitor.gpu import GpuStats
+from draftline.sizing.peak import PeakFlops
 
 _NaN = float("nan")
 

@@ -69,15 +69,26 @@ def loss_and_grad_of_logits(raw, labels, row_weights, multiplier, softcap, teach
     return loss, correct, grad.to(raw.dtype), ce
 
 
+def loss_and_grad_into_logits(raw, labels, row_weights, multiplier, softcap, teacher_raw, distill, need_grad):
+    """``loss_and_grad_of_logits`` with the gradient written over ``raw`` (when ``need_grad``): one chunk's
+    (loss sum, correct, per-row cross-entropy). Compiled, the gradient goes straight into ``raw``'s memory
+    (one ``[R, V]`` buffer per chunk instead of two); the values are those of ``loss_and_grad_of_logits``."""
+    loss, correct, grad, ce = loss_and_grad_of_logits(raw, labels, row_weights, multiplier, softcap, teacher_raw,
+                                                      distill, need_grad)
+    if need_grad:
+        raw.copy_(grad)
+    return loss, correct, ce
+
+
 _FUSED = None
 
 
 def _fused_loss_and_grad():
-    """``loss_and_grad_of_logits`` compiled (CUDA only): 2-3 passes over bf16 logits instead of ~10
-    over an fp32 copy."""
+    """``loss_and_grad_into_logits`` compiled (CUDA only): 2-3 passes over bf16 logits instead of ~10
+    over an fp32 copy, and no second ``[R, V]`` buffer for the gradient."""
     global _FUSED
     if _FUSED is None:
-        _FUSED = torch.compile(loss_and_grad_of_logits, dynamic=True)
+        _FUSED = torch.compile(loss_and_grad_into_logits, dynamic=True)
     return _FUSED
 
 
@@ -97,14 +108,15 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             if fused:
                 raw = hidden[start:end].to(weight.dtype) @ weight.t()
                 teacher_raw = None if teacher is None else teacher[start:end].to(weight.dtype) @ weight.t()
-                part, correct[start:end], grad, ce = _fused_loss_and_grad()(
+                part, correct[start:end], ce = _fused_loss_and_grad()(
                     raw, label, row_weights[start:end], multiplier, softcap, teacher_raw, distill, need_grad)
-                del raw, teacher_raw
+                del teacher_raw
                 loss = loss + part.to(loss.dtype)
                 if ce_rows is not None:
                     ce_rows[start:end] = ce
-                if need_grad:
-                    grad_hidden[start:end] = (grad @ weight).to(hidden.dtype)
+                if need_grad:  # raw holds d loss / d raw logits now
+                    grad_hidden[start:end] = (raw @ weight).to(hidden.dtype)
+                del raw
                 continue
             logits, tanh = _chunk_logits(hidden[start:end], weight, multiplier, softcap)
             w = row_weights[start:end].to(loss.dtype)

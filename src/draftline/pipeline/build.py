@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import torch
 
+from draftline.distributed.health import Health
+from draftline.distributed.roles import drafter_seqs
+from draftline.distributed.shard import DrafterGroup
 from draftline.errors import DraftlineError
+from draftline.evaluate.during_training import InTrainingEvaluation
 from draftline.model.drafter import DFlashDrafter, checkpoint_layers
 from draftline.model.target import TargetFeatures, load_embedding_and_head
 from draftline.objective.loss import DFlashObjective, ObjectiveSettings
 from draftline.pipeline.drafter_worker import DrafterWorker
-from draftline.pipeline.health import Health
 from draftline.pipeline.optim import build_optimizer, build_scheduler
-from draftline.pipeline.roles import drafter_seqs
-from draftline.pipeline.shard import DrafterGroup
+from draftline.pipeline.progress import Progress
 from draftline.pipeline.spec import INIT_DRAFTER, INIT_TARGET, RunSpec
 from draftline.pipeline.target_worker import Prefetcher, TargetWorker
 
@@ -54,6 +56,16 @@ def build_target_worker(spec: RunSpec, target: TargetFeatures, sender, health: H
     return TargetWorker(features=target, prefetcher=prefetcher, sender=sender, health=health,
                         shape=spec.model.target_shape, layers_run=target.layers_run, on_batch=on_batch,
                         device=spec.device)
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+def build_evaluation(spec: RunSpec, group: DrafterGroup, logger, *, target_worker=None) -> InTrainingEvaluation:
+    """The measurements of acceptance during training (``target_worker``: colocated, the thread whose target
+    copy decodes)."""
+    return InTrainingEvaluation(spec.config.monitor, total_steps=spec.total_steps,
+                                drafter_config=spec.model.drafter_config, target=spec.model.target,
+                                dataset=spec.data.dataset if spec.data is not None else None, device=spec.device,
+                                dtype=spec.dtype, group=group, logger=logger, target_worker=target_worker)
 
 
 # ------------------------------------------------------------------------------------------ drafter
@@ -115,10 +127,11 @@ def build_drafter_worker(spec: RunSpec, health: Health, *, group: DrafterGroup |
         embed, head = target_embedding_and_head(spec, target)
     objective = build_objective(spec, drafter, embed, head)
     optimizer = build_optimizer(drafter, c.optim)
-    scheduler = build_scheduler(optimizer, c.optim, spec.total_steps)
+    progress = Progress(spec.start_step, spec.batches_per_step)
+    scheduler = build_scheduler(optimizer, c.optim, spec.total_steps, progress)
     return DrafterWorker(
         objective=objective, optimizer=optimizer, scheduler=scheduler, group=group, health=health,
-        device=spec.device, compute_dtype=spec.dtype, start_step=spec.start_step, total_steps=spec.total_steps,
+        device=spec.device, compute_dtype=spec.dtype, progress=progress, total_steps=spec.total_steps,
         max_query_rows=c.engine.max_query_rows, grad_clip=c.optim.grad_clip, max_bad_steps=c.optim.max_bad_steps,
         shape=spec.model.drafter_shape,
         activation_checkpointing=c.engine.activation_checkpointing, on_batch=on_batch,

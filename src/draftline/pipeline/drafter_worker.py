@@ -26,15 +26,17 @@ from dataclasses import dataclass
 
 import torch
 
+from draftline.distributed.health import Health
+from draftline.distributed.memory import OutOfMemoryContext, gib, out_of_memory_context
+from draftline.distributed.shard import DrafterGroup
 from draftline.errors import DraftlineError
-from draftline.monitor.flops import DrafterShape, drafter_flops_of_blocks
 from draftline.objective.loss import DFlashObjective
 from draftline.objective.metrics import LOSS_SUM, WEIGHT_SUM, metrics_size
-from draftline.pipeline.health import Health
-from draftline.pipeline.memory import OutOfMemoryContext, gib, out_of_memory_context
 from draftline.pipeline.optim import clip_factor, grad_norm, grad_sq_norm, step_with_factor
-from draftline.pipeline.shard import DrafterGroup
+from draftline.pipeline.progress import Progress
 from draftline.pipeline.transport import Delivery
+from draftline.sizing.flops import drafter_flops_of_blocks
+from draftline.sizing.shapes import DrafterShape
 
 # Entries appended to the metrics vector for the step's all-reduce.
 TOKENS, SAMPLES, BATCHES, FLOPS, STOP, SAVE, GRAD_SQ, TIME_UP, CLOCK = range(9)
@@ -43,9 +45,8 @@ _NUM_EXTRA = 9
 
 @dataclass
 class DrafterCounters:
-    """What this drafter did (host-side numbers for the monitor and the checkpoint)."""
+    """What this drafter did (host-side numbers for the monitor; the run's progress is ``progress.Progress``)."""
 
-    step: int = 0
     batches: int = 0
     tokens: int = 0
     samples: int = 0
@@ -55,7 +56,6 @@ class DrafterCounters:
     busy_s: float = 0.0
     wait_s: float = 0.0
     sync_s: float = 0.0
-    skipped_steps: int = 0
     bad_in_a_row: int = 0
     last_grad_norm: float = float("nan")
 
@@ -107,7 +107,7 @@ class DrafterWorker:
         health: Health,
         device: torch.device,
         compute_dtype: torch.dtype,
-        start_step: int,
+        progress: Progress,
         total_steps: int,
         max_query_rows: int,
         grad_clip: float,
@@ -116,7 +116,8 @@ class DrafterWorker:
         activation_checkpointing: bool = False,
         on_batch=None,
     ):
-        """``shape``: the drafter's, as the run resolved it (``ModelSpec.drafter_shape``), for its FLOP count."""
+        """``shape``: the drafter's, as the run resolved it (``ModelSpec.drafter_shape``), for its FLOP count;
+        ``progress``: the run's (this worker advances it: a step queued, a step's record read)."""
         self.objective = objective
         self.drafter = objective.drafter
         self.optimizer = optimizer
@@ -125,7 +126,7 @@ class DrafterWorker:
         self.health = health
         self.device = device
         self.compute_dtype = compute_dtype
-        self.step = start_step
+        self.progress = progress
         self.total_steps = total_steps
         self.block_size = objective.block_size
         self.max_anchors_per_pass = max(1, max_query_rows // self.block_size)
@@ -134,7 +135,7 @@ class DrafterWorker:
         self.activation_checkpointing = activation_checkpointing
         self.on_batch = on_batch
         self.shape = shape
-        self.counters = DrafterCounters(step=start_step)
+        self.counters = DrafterCounters()
         self.in_optimizer_step = False
         self.params = [p for p in self.drafter.parameters() if p.requires_grad]
         self._metrics_size = metrics_size(self.block_size)
@@ -144,6 +145,15 @@ class DrafterWorker:
         self._queued = None  # the queued step's record, read by the next read_record
         self._empty = None  # the empty pass of a sharded drafter with fewer passes than the busiest
         self.optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (``Progress.step``)."""
+        return self.progress.step
+
+    def waited_for_features(self, seconds: float) -> None:
+        """Time this drafter waited for the features of its batches (the monitor's wait share)."""
+        self.counters.wait_s += seconds
 
     # ------------------------------------------------------------------ forward and backward
     def accumulate(self, deliveries: list[Delivery]) -> None:
@@ -161,9 +171,12 @@ class DrafterWorker:
             with self.health.compute_pass():
                 self._empty_pass()
 
-    def train_on(self, delivery: Delivery) -> None:
-        """Forward and backward of one batch (one drafter alone: benchmarks, ``plan --measure``)."""
+    def train_step(self, delivery: Delivery) -> None:
+        """One step on one batch as the loop runs it (one drafter alone: ``plan --measure``): its passes, the
+        record of the step before (read one step late), its update queued."""
         self.accumulate([delivery])
+        self.read_record()
+        self.queue_update()
 
     def _train_on(self, delivery: Delivery, passes) -> None:
         start = time.perf_counter()
@@ -274,8 +287,7 @@ class DrafterWorker:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)  # no gradient memory during the next forward
         self._vector.zero_()
-        self.step += 1
-        self.counters.step = self.step
+        self.progress.step_taken()
         self.counters.sync_s += time.perf_counter() - start
 
     def drop_gradients(self) -> None:
@@ -300,12 +312,8 @@ class DrafterWorker:
                             time_up=float(host[size + TIME_UP]) > 0,
                             clock=float(host[size + CLOCK]) / self.group.num_drafters)
         # The next steps' learning rate follows the clock the drafters agreed on (every drafter reads the same sum).
-        self.scheduler.clock = max(self.scheduler.clock, min(1.0, record.clock))
-        if record.finite:
-            self.counters.bad_in_a_row = 0
-        else:
-            self.counters.skipped_steps += 1
-            self.counters.bad_in_a_row += 1
+        self.progress.count(record)
+        self.counters.bad_in_a_row = 0 if record.finite else self.counters.bad_in_a_row + 1
         self.counters.last_grad_norm = record.grad_norm
         self.counters.sync_s += time.perf_counter() - start
         if check and self.counters.bad_in_a_row >= self.max_bad_steps:

@@ -2,7 +2,8 @@
 
 ``Line.run`` reads top to bottom: print the plan (first drafter), build the target (``build``) and
 check its worst case (``preflight``), build the drafter worker, check its worst case and resume it
-(``checkpoints.resume``), open the transport (``transport.open_transport``), run the role's loop
+(``checkpoint.manager.resume``), open the transport (``transport.open_transport``) and the checkpoint
+manager (``checkpoint.manager.CheckpointManager``, handed the run's stateful objects), run the role's loop
 (colocated: the target in a thread, the drafter here, ``loop.train``), and finish (final checkpoint,
 export, the final measurement). A failure ends in ``failure.fail`` with ``Line.failure_context``.
 """
@@ -15,27 +16,29 @@ from pathlib import Path
 
 import torch
 
+from draftline import run_files
 from draftline.checkpoint.export import save_drafter
-from draftline.checkpoint.state import check_disk_space
+from draftline.checkpoint.manager import CheckpointManager, CheckpointPolicy, resume
+from draftline.checkpoint.writer import check_disk_space
 from draftline.cores import usable_cores
+from draftline.distributed import keys, rundir
+from draftline.distributed.failure import FailureContext
+from draftline.distributed.health import Health
+from draftline.distributed.shard import DrafterGroup, local_tensor
+from draftline.distributed.signals import StopSignals
+from draftline.evaluate.during_training import InTrainingEvaluation
 from draftline.model.target import TargetFeatures
 from draftline.monitor.dashboard import Dashboard
-from draftline.monitor.flops import resolve_peak
 from draftline.monitor.gpu import device_stats
+from draftline.monitor.live import DrafterPublisher, LineMonitor, write_trace
 from draftline.monitor.loggers import NullLogger, open_loggers
-from draftline.pipeline import loop, rundir
-from draftline.pipeline.build import build_drafter_worker, build_target, build_target_worker
-from draftline.pipeline.checkpoints import Checkpointer, resume
+from draftline.pipeline import loop
+from draftline.pipeline.build import build_drafter_worker, build_evaluation, build_target, build_target_worker
 from draftline.pipeline.drafter_worker import DrafterWorker
-from draftline.pipeline.evaluation import InTrainingEvaluation
-from draftline.pipeline.failure import FailureContext
-from draftline.pipeline.health import Health
-from draftline.pipeline.monitor_loop import DrafterPublisher, LineMonitor, write_trace
-from draftline.pipeline.shard import DrafterGroup, local_tensor
-from draftline.pipeline.signals import StopSignals
 from draftline.pipeline.spec import RunSpec
 from draftline.pipeline.target_worker import TargetWorker, run_target_thread
 from draftline.pipeline.transport import open_transport
+from draftline.sizing.peak import resolve_peak
 
 
 class Line:
@@ -52,7 +55,7 @@ class Line:
         self.logger = NullLogger()
         self.target_worker: TargetWorker | None = None
         self.worker: DrafterWorker | None = None
-        self.checkpointer: Checkpointer | None = None
+        self.checkpointer: CheckpointManager | None = None
         self.monitor = DrafterPublisher(health)
         self.evaluation: InTrainingEvaluation | None = None
         self.receiver = None
@@ -80,8 +83,13 @@ class Line:
         if role.is_target:
             self.target_worker = build_target_worker(spec, target, sender, self.health, on_batch=self._after_target_batch)
         if role.is_drafter:
-            self.evaluation = InTrainingEvaluation(spec, self.group, self.logger,
-                                                   target_worker=self.target_worker if spec.colocated else None)
+            c = spec.config.checkpoint
+            self.checkpointer = CheckpointManager(
+                spec.run_dir, drafter=self.worker.drafter, optimizer=self.worker.optimizer,
+                states=self.checkpoint_states(), keep=c.keep, config=spec.config.to_dict(), group=self.group,
+                policy=CheckpointPolicy(c.every_steps, c.every_minutes, spec.total_steps))
+            self.evaluation = build_evaluation(spec, self.group, self.logger,
+                                               target_worker=self.target_worker if spec.colocated else None)
         # ---- run
         if spec.colocated:
             self.target_thread = run_target_thread(self.target_worker, self.health)
@@ -117,13 +125,13 @@ class Line:
         if status == loop.FINISHED:
             weights = self.group.full_weights(worker.drafter)
             if first:
-                final = save_drafter(worker.drafter, spec.run_dir / "final", dtype=torch.bfloat16, weights=weights)
+                final = save_drafter(worker.drafter, spec.run_dir / run_files.FINAL, dtype=torch.bfloat16, weights=weights)
                 early = (f" of {spec.total_steps} (--max-minutes {spec.config.optim.max_minutes:g} reached)"
                          if worker.step < spec.total_steps else "")
                 print(f"draftline: finished at step {worker.step}{early}; drafter in {final}")
             summary = self.evaluation.final(worker.drafter, worker.step)
             if summary is not None:
-                self.monitor.measured = summary
+                self.monitor.on_measurement(summary)
         elif first:
             print(f"draftline: stopped at step {worker.step}; checkpoint {saved}; "
                   "continue with the same command and --resume")
@@ -137,7 +145,7 @@ class Line:
                              "reason": "signal" if status == loop.STOPPED
                              else "time limit" if worker.step < self.spec.total_steps else ""})
             if self.store is not None:
-                self.store.set("run_over", status)
+                self.store.set(keys.RUN_OVER, status)
         self.health.report_done()
 
     def join_threads(self, timeout_s: float = 30.0) -> None:
@@ -167,7 +175,7 @@ class Line:
         target = build_target(self.spec)
         self.health.watch(target.decoder.layers)
         if self.spec.config.engine.preflight and self.spec.device.type == "cuda":
-            from draftline.pipeline.preflight import preflight_target
+            from draftline.sizing.preflight import preflight_target
 
             self.target_preflight = preflight_target(self.spec, target, self.health.info.describe())
         return target
@@ -179,18 +187,24 @@ class Line:
         self.worker = worker = build_drafter_worker(spec, self.health, group=self.group, target=target,
                                                     on_batch=self._trace_batch if c.engine.trace else None)
         if c.engine.preflight and spec.device.type == "cuda":
-            from draftline.pipeline.preflight import preflight_drafter
+            from draftline.sizing.preflight import preflight_drafter
 
             preflight_drafter(spec, worker, self.health.info.describe(), self.target_preflight)
-        counters = resume(spec, worker, self.group) if spec.checkpoint else {}
+        if spec.checkpoint:
+            resume(spec.checkpoint, drafter=worker.drafter, optimizer=worker.optimizer, states=self.checkpoint_states(),
+                   group=self.group, step=spec.start_step, next_seq=spec.start_seq)
         if spec.role.is_logging:
-            self._open_monitor(counters)
-        self.checkpointer = Checkpointer(
-            spec, worker, self.group,
-            counters=lambda: {"tokens": self.monitor.total_tokens, "samples": self.monitor.total_samples},
-            in_flight=lambda: list(getattr(self.receiver, "claimed", [])))
+            self._open_monitor()
 
-    def _open_monitor(self, counters: dict) -> None:
+    def checkpoint_states(self) -> dict:
+        """The run's objects a checkpoint holds (``checkpoint.manager``): the progress, the schedule and, once the
+        transport is open, its batches in flight."""
+        states = {"progress": self.worker.progress, "scheduler": self.worker.scheduler}
+        if self.receiver is not None:
+            states["transport"] = self.receiver
+        return states
+
+    def _open_monitor(self) -> None:
         spec, c = self.spec, self.spec.config
         problem = check_disk_space(spec.run_dir, spec.model.num_trained_params, c.checkpoint.keep)
         if problem:
@@ -206,7 +220,7 @@ class Line:
             # Colocated, every rank has a hidden-state queue of its own; the status sums the queues' batches.
             q_pre_capacity=c.topology.q_pre, interval_s=c.monitor.interval_s,
             q_hs_capacity=c.topology.q_hs * (spec.role.num_targets if spec.colocated else 1),
-            trace_dir=spec.run_dir / "trace" if c.engine.trace else None, counters=counters,
+            progress=self.worker.progress, trace_dir=spec.run_dir / run_files.TRACE if c.engine.trace else None,
             cpu_cores=usable_cores() if spec.device.type == "cpu" else None,
         )
         rundir.log_start(c, rundir.StartDecision(spec.mode, Path(spec.checkpoint) if spec.checkpoint else None),
@@ -228,10 +242,10 @@ class Line:
             self.health.stats.update("gpu", {**device_stats(self.spec.device).to_record(), "rank": self.spec.env.rank,
                                              "role": "target"})
             if self.signals.requested and self.store is not None:  # a target's signal stops the drafters
-                self.store.set("stop_requested", "1")
+                self.store.set(keys.STOP_REQUESTED, "1")
 
     def _trace_batch(self, worker: DrafterWorker, delivery) -> None:
-        write_trace(self.spec.run_dir / "trace", f"drafter-{self.spec.env.rank}.jsonl", {
+        write_trace(self.spec.run_dir / run_files.TRACE, run_files.drafter_trace(self.spec.env.rank), {
             "step": delivery.seq // self.spec.batches_per_step, "seq": delivery.seq, "epoch": delivery.batch.epoch,
             "sample_ids": delivery.batch.sample_ids.tolist(),
             # The sum of this rank's weights (its shard, when sharded) as the batch began: replicated drafters'
@@ -241,16 +255,16 @@ class Line:
     def _stop_requested(self) -> bool:
         if self.signals.requested:
             return True
-        return self.store is not None and self.store.check(["stop_requested"])
+        return self.store is not None and self.store.check([keys.STOP_REQUESTED])
 
     # ------------------------------------------------------------------ for operators
     def _write_rank_info(self) -> None:
         """RUN_DIR/ranks/rank-N.json: which process is which (role, host, GPU, pid), for operators."""
-        folder = self.spec.run_dir / "ranks"
+        folder = self.spec.run_dir / run_files.RANKS
         try:
             folder.mkdir(parents=True, exist_ok=True)
             info = {**self.health.info.__dict__, "role_index": self.spec.role.index}
-            (folder / f"rank-{self.spec.env.rank}.json").write_text(json.dumps(info) + "\n")
+            (folder / run_files.rank_file(self.spec.env.rank)).write_text(json.dumps(info) + "\n")
         except OSError:
             pass  # the run directory may live on another node only
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from draftline.pipeline.checkpoints import Checkpointer
+from draftline.checkpoint.manager import CheckpointManager
+from draftline.evaluate.during_training import InTrainingEvaluation
 from draftline.pipeline.drafter_worker import DrafterWorker, StepRecord
-from draftline.pipeline.evaluation import InTrainingEvaluation
 from draftline.pipeline.spec import RunSpec
 from draftline.pipeline.transport import Delivery, FeatureReceiver
 
@@ -52,7 +52,7 @@ class TimeLimit:
         return self.start_progress + (1.0 - self.start_progress) * spent
 
 
-def train(spec: RunSpec, worker: DrafterWorker, receiver: FeatureReceiver, *, monitor, checkpointer: Checkpointer,
+def train(spec: RunSpec, worker: DrafterWorker, receiver: FeatureReceiver, *, monitor, checkpointer: CheckpointManager,
           evaluation: InTrainingEvaluation, stop_requested: Callable[[], bool],
           time_limit: TimeLimit | None = None) -> str:
     """Train from ``spec.start_step`` to ``spec.total_steps``, or until ``time_limit``; returns "finished" or
@@ -84,19 +84,19 @@ def receive(receiver: FeatureReceiver, seqs: list[int], worker: DrafterWorker) -
     deliveries = []
     for seq in seqs:
         delivery, waited = receiver.get()
-        worker.counters.wait_s += waited
+        worker.waited_for_features(waited)
         assert delivery is not None and delivery.seq == seq, f"expected batch {seq}, got {delivery and delivery.seq}"
         deliveries.append(delivery)
     return deliveries
 
 
-def after_step(record: StepRecord, worker: DrafterWorker, monitor, checkpointer: Checkpointer,
+def after_step(record: StepRecord, worker: DrafterWorker, monitor, checkpointer: CheckpointManager,
                evaluation: InTrainingEvaluation) -> None:
     """What follows a step's record: the monitor, and on their cadence a checkpoint and a measurement."""
     monitor.on_step(record, worker)
-    if checkpointer.due(record):
+    if checkpointer.due(record.step, record.save):
         checkpointer.save()
     if evaluation.due(record.step):
         summary = evaluation.during(worker.drafter, record.step)
         if summary is not None:
-            monitor.measured = summary  # the monitor's tau is the latest measured acceptance
+            monitor.on_measurement(summary)  # the monitor's tau is the latest measured acceptance

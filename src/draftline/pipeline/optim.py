@@ -1,4 +1,5 @@
-"""AdamW with fp32 master weights and a cosine schedule with linear warmup (over the steps, or the clock)."""
+"""AdamW with fp32 master weights (fp32 moments, or bf16 ones on request) and a cosine schedule with linear warmup
+(over the steps, or the clock)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,20 @@ import math
 import torch
 
 from draftline.config import OptimConfig
-from draftline.pipeline.shard import local_tensor
+from draftline.distributed.shard import local_tensor
+from draftline.pipeline.progress import Progress
 
 
-def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters; norms and other 1-D tensors get no weight decay."""
+MOMENTS = ("fp32", "bf16")
+
+
+def build_optimizer(model: torch.nn.Module, config: OptimConfig, moments: str = "fp32") -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters; norms and other 1-D tensors get no weight decay.
+
+    ``moments``: 'fp32' (torch's fused AdamW: the exact update) or 'bf16' (``AdamWBf16Moments``: 4 bytes less
+    per trained weight for each moment, a different update; see there)."""
+    if moments not in MOMENTS:
+        raise ValueError(f"AdamW moments must be one of {', '.join(MOMENTS)}, got {moments!r}")
     decay, no_decay = [], []
     for param in model.parameters():
         if param.requires_grad:
@@ -20,9 +30,98 @@ def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    if moments == "bf16":
+        return AdamWBf16Moments(groups, lr=config.lr, betas=tuple(config.betas))
     # Fused (one kernel over all tensors, on CPU as on CUDA): it takes the step's gradient factor and
     # a device-side skip flag inside the update (step_with_factor).
     return torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), fused=True)
+
+
+def _bf16_stochastic(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> bf16, rounded up or down at random in proportion to the distance (unbiased: E[result] = x)."""
+    bits = x.view(torch.int32)
+    noise = torch.randint_like(bits, 0, 1 << 16)
+    return ((bits + noise) & -65536).view(torch.float32).to(torch.bfloat16)  # low bits zero: an exact bf16
+
+
+def adamw_bf16_moments_update(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
+                              grad_scale, skip) -> None:
+    """One AdamW update of ``param`` (fp32) in place, with bf16 moments: torch.optim.AdamW's arithmetic in fp32
+    on the moments read as fp32, the new moments stored rounded stochastically. Every scalar is a 0-d tensor (no
+    recompilation as the learning rate moves); ``grad`` is divided by ``grad_scale``; where ``skip`` is nonzero
+    nothing changes (the fused AdamW's ``found_inf``)."""
+    g = grad.float() / grad_scale
+    n = step + 1
+    m = torch.lerp(exp_avg.float(), g, 1 - beta1)
+    v = exp_avg_sq.float() * beta2 + g * g * (1 - beta2)
+    denom = v.sqrt() / (1 - beta2**n).sqrt() + eps
+    new = param * (1 - lr * weight_decay) - (lr / (1 - beta1**n)) * (m / denom)
+    keep = skip != 0
+    param.copy_(torch.where(keep, param, new))
+    exp_avg.copy_(torch.where(keep, exp_avg, _bf16_stochastic(m)))
+    exp_avg_sq.copy_(torch.where(keep, exp_avg_sq, _bf16_stochastic(v)))
+    step.copy_(torch.where(keep, step, n))
+
+
+class AdamWBf16Moments(torch.optim.Optimizer):
+    """AdamW on fp32 weights whose two moments are held in bf16 (4 bytes per trained weight instead of 8).
+
+    Not the exact update: each step's new moments are rounded to bf16 stochastically (unbiased), which a
+    beta2 near 1 needs (deterministic rounding would leave a slowly moving moment where it is). The arithmetic
+    of a step is torch.optim.AdamW's, in fp32. Like the fused AdamW it takes the step's gradient factor and a
+    device-side skip flag (``grad_scale``, ``found_inf``: ``step_with_factor``). On CUDA each tensor's update is
+    one compiled kernel. Its moments are saved in bf16 and stay bf16 when a checkpoint is loaded."""
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                      fused=True))  # fused: the update takes grad_scale and found_inf
+        self._update = None
+        self.register_load_state_dict_post_hook(AdamWBf16Moments._moments_to_bf16)
+
+    @staticmethod
+    def _moments_to_bf16(optimizer) -> None:
+        """``Optimizer.load_state_dict`` casts every floating state to its parameter's dtype; the moments go back."""
+        for state in optimizer.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state and state[key].dtype != torch.bfloat16:
+                    state[key] = state[key].to(torch.bfloat16)
+
+    def _update_fn(self, device: torch.device):
+        if device.type != "cuda":
+            return adamw_bf16_moments_update
+        if self._update is None:
+            self._update = torch.compile(adamw_bf16_moments_update, dynamic=True)
+        return self._update
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("AdamWBf16Moments.step takes no closure")
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            device = local_tensor(params[0]).device
+
+            def scalar(value):  # a fill on the device: no host-to-device copy (which would wait for the device)
+                return torch.full((), float(value), dtype=torch.float32, device=device)
+
+            beta1, beta2 = group["betas"]
+            lr, b1, b2, eps, wd = (scalar(v) for v in (group["lr"], beta1, beta2, group["eps"], group["weight_decay"]))
+            grad_scale = getattr(self, "grad_scale", None)
+            found_inf = getattr(self, "found_inf", None)
+            grad_scale = scalar(1.0) if grad_scale is None else grad_scale.to(device, torch.float32)
+            skip = scalar(0.0) if found_inf is None else found_inf.to(device, torch.float32)
+            update = self._update_fn(device)
+            for p in params:
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=device)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.bfloat16, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.bfloat16,
+                                                           memory_format=torch.preserve_format)
+                update(local_tensor(p), local_tensor(p.grad), local_tensor(state["exp_avg"]),
+                       local_tensor(state["exp_avg_sq"]), state["step"], lr, b1, b2, eps, wd, grad_scale, skip)
 
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
@@ -114,20 +213,24 @@ class Schedule(torch.optim.lr_scheduler.LambdaLR):
     """Linear warmup, then a cosine down to ``min_lr_ratio`` of the peak, over the run's progress.
 
     The progress is the steps taken over ``total_steps``. Under a time limit (--max-minutes) it is the
-    share of the training's time spent where that is further along (``clock``, which the drafters agree
-    on at each step, ``DrafterWorker.read_record``): a run that the clock ends also ends with its learning
-    rate at the floor, instead of where the cosine stood. Without a time limit ``clock`` stays 0 and the
-    schedule is the steps' alone. ``clock`` is saved with the schedule, so a resume goes on from where the
-    schedule stood.
+    share of the training's time spent where that is further along (``Progress.clock``, which the drafters
+    agree on at each step): a run that the clock ends also ends with its learning rate at the floor, instead
+    of where the cosine stood. Without a time limit the clock stays 0 and the schedule is the steps' alone.
+    The clock is the run's progress (``progress``), read here and saved with it.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int):
+    def __init__(self, optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int,
+                 progress: Progress | None = None):
         self.total_steps = total_steps
         self.warmup_steps = int(round(config.warmup_ratio * total_steps))
         self.min_ratio = config.min_lr_ratio
-        self.clock = 0.0
-        """The share of the time limit spent, 0 to 1 (0: no time limit)."""
+        self.run_progress = progress if progress is not None else Progress()
         super().__init__(optimizer, lambda step: self.factor(step))
+
+    @property
+    def clock(self) -> float:
+        """The share of the time limit spent, 0 to 1 (0: no time limit)."""
+        return self.run_progress.clock
 
     def factor(self, step: int) -> float:
         """Multiplier of the peak learning rate for ``step`` (0-based)."""
@@ -137,17 +240,18 @@ class Schedule(torch.optim.lr_scheduler.LambdaLR):
         """How far along the schedule is at ``step``, 0 to 1."""
         return min(1.0, max(step / max(1, self.total_steps), self.clock))
 
-    # The schedule's shape comes from this run's config (a resume may change the steps), not the checkpoint.
-    _SHAPE = ("total_steps", "warmup_steps", "min_ratio")
+    # The schedule's shape comes from this run's config (a resume may change the steps), not the checkpoint; the
+    # clock is the progress's (a checkpoint written before it was held the clock here: the checkpoint's loader
+    # hands it to the progress).
+    _NOT_SAVED = ("total_steps", "warmup_steps", "min_ratio", "run_progress", "clock")
 
     def state_dict(self) -> dict:
-        return {key: value for key, value in super().state_dict().items() if key not in self._SHAPE}
+        return {key: value for key, value in super().state_dict().items() if key not in self._NOT_SAVED}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        state = {key: value for key, value in state_dict.items() if key not in self._SHAPE}
-        state.setdefault("clock", 0.0)  # a checkpoint from before the clock
-        super().load_state_dict(state)
+        super().load_state_dict({key: value for key, value in state_dict.items() if key not in self._NOT_SAVED})
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> Schedule:
-    return Schedule(optimizer, config, total_steps)
+def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int,
+                    progress: Progress | None = None) -> Schedule:
+    return Schedule(optimizer, config, total_steps, progress)

@@ -23,20 +23,20 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from draftline.checkpoint.state import wait_for_checkpoint
+from draftline.checkpoint.writer import wait_for_checkpoint
 from draftline.config import TrainConfig
+from draftline.distributed import rundir
+from draftline.distributed.failure import FailureContext, fail
+from draftline.distributed.health import Health, local_rank_info
+from draftline.distributed.roles import COLOCATED, assign_roles, split
+from draftline.distributed.setup import agree_on_setup, join_job
+from draftline.distributed.shard import make_drafter_group, replicates
+from draftline.distributed.signals import StopSignals
 from draftline.errors import DraftlineError
 from draftline.monitor.loggers import NullLogger
-from draftline.pipeline import rundir
-from draftline.pipeline.failure import FailureContext, fail
-from draftline.pipeline.health import Health, local_rank_info
 from draftline.pipeline.line import Line
-from draftline.pipeline.plan import target_share
-from draftline.pipeline.roles import COLOCATED, assign_roles, split
-from draftline.pipeline.setup import agree_on_setup, join_job
-from draftline.pipeline.shard import make_drafter_group, replicates
-from draftline.pipeline.signals import StopSignals
 from draftline.pipeline.spec import DistEnv, ModelSpec, pick_device, resolve_run
+from draftline.sizing.plan import target_share
 
 
 def run_training(config: TrainConfig) -> int:
@@ -44,8 +44,8 @@ def run_training(config: TrainConfig) -> int:
     (``config.validate``, which the command line runs before it launches anything)."""
     # ---- config
     env = DistEnv.from_environ()
+    model = ModelSpec.resolve(config)  # configs and tokenizer only: a drafter no engine would serve stops here
     device = pick_device(config, env.local_rank)
-    model = ModelSpec.resolve(config)
 
     # ---- roles
     store = None
@@ -56,8 +56,8 @@ def run_training(config: TrainConfig) -> int:
     share = None if t.colocated or t.targets is not None or t.drafters is not None else target_share(model, config)
     num_targets, num_drafters = split(env.world_size, t.targets, t.drafters, share, colocated=t.colocated)
     role = assign_roles(env.world_size, num_targets, num_drafters, colocated=t.colocated)[env.rank]
-    health = Health(local_rank_info(env.rank, role.kind, device), store, env.world_size, timeout_s=t.failure_timeout_s)
-    health.shared_process = role.kind == COLOCATED
+    health = Health(local_rank_info(env.rank, role.kind, device), store, env.world_size, timeout_s=t.failure_timeout_s,
+                    shared_process=role.kind == COLOCATED)
     health.start()
     # Every rank creates the drafters' groups (a collective call), before anything can fail.
     group = make_drafter_group(role.drafter_ranks, role.index, device, health, env.world_size,

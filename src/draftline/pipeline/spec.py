@@ -26,15 +26,16 @@ from transformers import PretrainedConfig, Qwen3Config
 from draftline.config import TrainConfig
 from draftline.data.batcher import BatchSchedule, TokenBudgetBatcher
 from draftline.data.dataset import TokenDataset
+from draftline.distributed.roles import COLOCATED, Role
 from draftline.errors import DraftlineError
 from draftline.model.config import (
-    DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, build_drafter_config, refuse_shape_flags, text_config,
+    DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, build_drafter_config, refuse_changed_drafter, refuse_shape_flags,
+    text_config,
 )
-from draftline.monitor.shapes import DrafterShape, TargetShape
-from draftline.pipeline.roles import COLOCATED, Role
+from draftline.sizing.shapes import DrafterShape, TargetShape
 
 if TYPE_CHECKING:
-    from draftline.pipeline.setup import RunSetup
+    from draftline.distributed.setup import RunSetup
 
 INIT_TARGET, INIT_RANDOM, INIT_DRAFTER = "target", "random", "drafter"
 
@@ -132,15 +133,25 @@ class ModelSpec:
             refuse_shape_flags(m, released)
             drafter_config, init, source = released, INIT_DRAFTER, m.init_drafter
         else:
+            from draftline.checkpoint.serving import check_drafter_config, engine_mask_token_id
+
             drafter_config = build_drafter_config(
                 target_config,
                 num_hidden_layers=m.draft_layers or DEFAULT_DRAFT_LAYERS,
                 block_size=m.block_size or DEFAULT_BLOCK_SIZE,
-                mask_token_id=m.mask_token_id,
+                # by default the row the engines will check: the target tokenizer's <|MASK|>, where it has one
+                mask_token_id=m.mask_token_id if m.mask_token_id is not None else engine_mask_token_id(m.target,
+                                                                                                    target_config),
                 target_layer_ids=m.target_layer_ids,
                 layer_types=m.layer_types,
                 sliding_window=m.sliding_window,
             )
+            # The serving check's config rules, before anything is loaded: a drafter an engine would load
+            # differently from how it is trained is refused now, not at export after the run.
+            # A resume continues the drafter its checkpoint holds, whatever the rules say now: warned, not refused.
+            for warning in check_drafter_config(drafter_config, m.target, target_config,
+                                                refuse=not config.checkpoint.resume):
+                print(f"draftline: warning: {warning}", flush=True)
             init, source = INIT_RANDOM if m.init_from_target is False else INIT_TARGET, None
         return cls.from_configs(target_config, drafter_config, target=m.target, distill=distill, init=init,
                                 init_source=source)
@@ -268,7 +279,7 @@ class RunSpec:
 
     def drafter_seqs(self, step: int) -> list[int]:
         """The batch numbers of ``step`` this drafter trains (its share; possibly none)."""
-        from draftline.pipeline.roles import drafter_share
+        from draftline.distributed.roles import drafter_share
 
         end = self.data.end_seq if self.data is not None else (step + 1) * self.batches_per_step
         return drafter_share(step, self.batches_per_step, end, self.role.index, self.role.num_drafters)
@@ -326,6 +337,7 @@ def resolve_run(config: TrainConfig, model: ModelSpec, role: Role, env: DistEnv,
     fresh = default_batches_per_step(config, role.num_drafters)
     per_step, note = fresh, None
     if setup.checkpoint:
+        refuse_changed_drafter(setup.checkpoint, model.drafter_config)
         per_step, note = resumed_batches_per_step(setup.checkpoint, setup.batches_per_step, setup.balance_steps, fresh,
                                                   config.data.balance_steps, role.num_drafters,
                                                   setup.checkpoint_drafters)

@@ -11,17 +11,18 @@ import queue
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 import torch
 
 from draftline.data.batch import PackedBatch
-from draftline.monitor.flops import TargetShape, target_flops
-from draftline.pipeline.health import Health, RunAborted
-from draftline.pipeline.memory import OutOfMemoryContext, out_of_memory_context
-from draftline.pipeline.waits import queue_get
+from draftline.distributed.health import Health, RunAborted
+from draftline.distributed.memory import OutOfMemoryContext, out_of_memory_context
+from draftline.distributed.waits import queue_get
 from draftline.pipeline.transport import FeatureSender
+from draftline.sizing.flops import target_flops
+from draftline.sizing.shapes import TargetShape
 
 
 @dataclass
@@ -50,7 +51,7 @@ class Prefetcher:
             for seq in seqs:
                 batch = load(seq)
                 if torch.cuda.is_available():
-                    batch.input_ids = batch.input_ids.pin_memory()
+                    batch = replace(batch, input_ids=batch.input_ids.pin_memory())
                 while True:
                     if self.health.aborted:
                         return
@@ -130,7 +131,7 @@ class TargetWorker:
 
 def run_target_thread(worker: TargetWorker, health: Health) -> threading.Thread:
     """Run a target worker in a thread (colocated mode); a failure aborts the run with its cause."""
-    from draftline.pipeline.health import describe_exception
+    from draftline.distributed.health import describe_exception
 
     def body():
         try:

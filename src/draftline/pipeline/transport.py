@@ -26,10 +26,11 @@ import torch
 import torch.distributed as dist
 
 from draftline.data.batch import PackedBatch
-from draftline.pipeline.health import Health, RunAborted
-from draftline.pipeline.memory import OutOfMemoryContext, out_of_memory_context
-from draftline.pipeline.roles import COLOCATED, Role, producer_of
-from draftline.pipeline.waits import queue_get, queue_put, wait_for, wait_work
+from draftline.distributed import keys
+from draftline.distributed.health import Health, RunAborted
+from draftline.distributed.memory import OutOfMemoryContext, out_of_memory_context
+from draftline.distributed.roles import COLOCATED, Role, producer_of
+from draftline.distributed.waits import queue_get, queue_put, wait_for, wait_work
 
 RECEIVE_PREFETCH = 2
 """Batches a drafter claims ahead of the one it trains (their features are received meanwhile)."""
@@ -58,6 +59,13 @@ class FeatureReceiver(Protocol):
     def get(self) -> tuple[Delivery | None, float]:
         """The next batch for this drafter (None when the run has no more) and seconds waited."""
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the transport: ``{"in_flight": [...]}``, the batches claimed and not
+        handed over yet (for the record: a resume recomputes them from the checkpoint's step)."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Nothing to restore: a resume claims its batches afresh."""
+
     def depth(self) -> int: ...
 
 
@@ -85,6 +93,12 @@ class InProcessChannel:
     def depth(self) -> int:
         return self.queue.qsize()
 
+    def state_dict(self) -> dict:
+        return {"in_flight": []}  # the queue's batches are this process's own: recomputed after a resume
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
 
 # --------------------------------------------------------------------------- distributed
 class StoreClaims:
@@ -102,11 +116,11 @@ class StoreClaims:
         seq = next(self._seqs, None)
         if seq is None:
             return None
-        self.store.set(f"claim/{seq}", str(drafter_rank))
+        self.store.set(keys.claim_key(seq), str(drafter_rank))
         return seq
 
     def claimant(self, seq: int) -> int | None:
-        key = f"claim/{seq}"
+        key = keys.claim_key(seq)
         if not self.store.check([key]):
             return None
         rank = int(self.store.get(key))
@@ -238,6 +252,12 @@ class DistributedReceiver:
 
     def depth(self) -> int:
         return len(self.pending)
+
+    def state_dict(self) -> dict:
+        return {"in_flight": self.claimed}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------- choosing one

@@ -1,0 +1,735 @@
+"""Where the drafter step's memory goes: the accounting (any machine) and the measurement (CUDA), beside
+SpecForge's own step on the same sample.
+
+    python bench/drafter_memory.py --predict                        # the arithmetic, by component (no GPU)
+    python bench/drafter_memory.py --predict --trace                # + what the compiled halves keep (CPU trace)
+    python bench/drafter_memory.py --variants none+headcopy,cheap,mlp,peer,peer+liger --json mem.json   # GPU
+
+The workload is bench_line's ``drafter-3072`` row: one 3,072-token sample, 512 anchors, block 16, the drafter
+of the ``--shape`` target (5 layers), random bf16 embedding and LM head, one batch's features at a time, steps
+back to back as the drafter role runs them (CUDA events; the median of ``--iters`` steps). Each variant builds
+its drafter worker with the product's builder (``workloads.make_worker``), with the same seeds and batches, so
+their losses can be compared step by step.
+
+Variants ('+'-joined options):
+  none / cheap / mlp   the compiled halves' recompute mode (``draftline.model.recompute``; ``cheap`` is the default)
+  eager                no compilation
+  ckpt                 whole decoder layers recomputed (``--activation-checkpointing``)
+  headcopy             the LM head's gradient in a buffer of its own (the code before the in-place gradient)
+  bf16moments          AdamW's moments in bf16, rounded stochastically (``optim.AdamWBf16Moments``: not exact)
+  chunkN               N rows of logits per head chunk (default ``--head-chunk-rows``)
+  peer                 SpecForge 0.2.0's DFlash step: its draft model, training wrapper, chunked loss and
+                       BF16Optimizer, on the same sample and features (needs ``specforge``, installed --no-deps)
+  liger                with ``peer``: its Liger kernels (fused RMSNorm and SwiGLU; needs ``liger-kernel``)
+  bf16adamw            with ``peer``: torch's fused AdamW on its bf16 weights (bf16 moments, no fp32 masters)
+                       instead of its BF16Optimizer (fp32 masters and moments)
+``none+headcopy`` is the code before the memory cuts; ``cheap`` the code after them.
+
+Measured per variant: step time, ``max_memory_allocated`` over the timed steps, reserved, the device's memory
+in use (NVML, else ``cudaMemGetInfo``), memory after building and once the optimizer state exists, and in one
+instrumented step: the memory each decoder layer keeps through the forward, the head loss's transient, and the
+peaks of the forward, the backward and the optimizer step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import SHAPES, make_worker, packed_batch, target_config  # noqa: E402
+
+from draftline.model.config import build_drafter_config  # noqa: E402
+from draftline.pipeline.transport import Delivery  # noqa: E402
+
+GIB = 2**30
+MIB = 2**20
+
+
+# ------------------------------------------------------------------------------------------ the accounting
+@dataclasses.dataclass
+class Shape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    layers: int
+    feature_layers: int
+    vocab: int
+    query_rows: int  # anchors x block
+    context_rows: int
+    label_rows: int
+
+    @classmethod
+    def of(cls, cfg, tokens: int, anchors: int) -> "Shape":
+        block = int(cfg.block_size)
+        return cls(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                   cfg.intermediate_size, cfg.num_hidden_layers, len(cfg.dflash_config["target_layer_ids"]),
+                   cfg.vocab_size, anchors * block, tokens, anchors * (block - 1))
+
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return 2 * h * q + 2 * h * kv + 3 * h * self.intermediate + 2 * h + 2 * self.head_dim
+
+    def params(self) -> int:
+        return self.layers * self.layer_params() + self.feature_layers * self.hidden**2 + 2 * self.hidden
+
+
+def layer_saved(s: Shape, mode: str) -> dict[str, int]:
+    """Bytes one decoder layer keeps from its forward to its backward (bf16 activations, fp32 norm statistics).
+
+    The compiled halves' part follows what the partitioner keeps (``--trace`` lists it); the attention kernel
+    keeps its inputs, output and log-sum-exp; the layer's output is the next layer's input."""
+    Q, T, H, I = s.query_rows, s.context_rows, s.hidden, s.intermediate
+    qw, kvw = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    saved = {
+        "attention kernel: q, k, v, out, lse": 2 * Q * qw + 2 * 2 * (T + Q) * kvw + 2 * Q * qw + 4 * s.heads * Q,
+        "layer output (the next layer's input)": 2 * Q * H,
+        "q, k projections before their norms": 2 * Q * qw + 2 * (T + Q) * kvw,
+        "norm statistics (fp32)": 4 * s.kv_heads * Q,
+    }
+    if mode == "none":
+        saved["norm statistics (fp32)"] = 4 * (2 * Q + s.heads * Q + s.kv_heads * (T + Q))
+        saved["input norm output, post-attention norm output, residual"] = 3 * 2 * Q * H
+        saved["o_proj input (attention output, transposed copy)"] = 2 * Q * qw
+        saved["gate, up, silu(gate) * up"] = 3 * 2 * Q * I
+        saved["bf16 copies of the layer's weights"] = 2 * (s.layer_params() - 2 * H - 2 * s.head_dim)
+    else:
+        saved["o_proj output"] = 2 * Q * H
+        if mode == "cheap":
+            saved["gate, up"] = 2 * 2 * Q * I
+    return saved
+
+
+def predict(s: Shape, mode: str, chunk_rows: int, head_copy: bool, moments: str = "fp32") -> dict:
+    """The step's memory by component and its phases' totals (bytes)."""
+    P, H, Q, T, M = s.params(), s.hidden, s.query_rows, s.context_rows, s.label_rows
+    R = min(chunk_rows, M)
+    fixed = {
+        "fp32 master weights": 4 * P,
+        f"AdamW moments ({moments} exp_avg, exp_avg_sq)": (8 if moments == "fp32" else 4) * P,
+        "frozen embedding + LM head (bf16)": 2 * 2 * s.vocab * H,
+        "features of one batch (bf16)": 2 * T * s.feature_layers * H,
+    }
+    per_layer = layer_saved(s, mode)
+    context = {"fc output, context C (normed), block embeddings": 2 * T * H * 2 + 2 * Q * H,
+               "final norm: its output, held through the head loss": 2 * Q * H}
+    head = {"labelled rows, their gradient (kept for backward)": 2 * 2 * M * H,
+            "one chunk of logits [R, vocab] bf16": 2 * R * s.vocab,
+            "the chunk's gradient in its own buffer": 2 * R * s.vocab if head_copy else 0}
+    layers_total = s.layers * sum(per_layer.values())
+    forward_end = sum(fixed.values()) + layers_total + sum(context.values()) + sum(head.values())
+    grads = 4 * P
+    # Backward of layer i (last first): the gradients of the layers after it exist, its own activations and
+    # those before it still do; the MLP's backward works on ~4 [Q, intermediate] bf16 tensors at once.
+    layer_grads = 4 * s.layer_params()
+    working = 4 * 2 * Q * s.intermediate
+    base = sum(fixed.values()) + sum(context.values()) - 2 * Q * H
+    backward = max(base + (s.layers - i) * layer_grads + i * sum(per_layer.values()) + working
+                   for i in range(s.layers, 0, -1))
+    backward_end = sum(fixed.values()) + grads
+    return {"fixed": fixed, "per_layer": per_layer, "layers": s.layers, "context": context, "head": head,
+            "gradients (fp32, all at the end of the backward)": grads,
+            "forward_end": forward_end, "backward": backward, "backward_end": backward_end,
+            "peak": max(forward_end, backward, backward_end)}
+
+
+def print_prediction(s: Shape, p: dict, title: str) -> None:
+    print(f"\n{title}: {s.params() / 1e9:.3f} B trained parameters, {s.query_rows:,} query rows, "
+          f"{s.context_rows:,} context rows, {s.label_rows:,} labelled rows")
+    rows = [(k, v) for k, v in p["fixed"].items()]
+    rows += [(f"per layer: {k}", v) for k, v in p["per_layer"].items()]
+    rows += [(f"all {p['layers']} layers", p["layers"] * sum(p["per_layer"].values()))]
+    rows += list(p["context"].items()) + [(f"head: {k}", v) for k, v in p["head"].items() if v]
+    for name, value in rows:
+        print(f"  {value / GIB:7.3f} GiB  {name}")
+    print(f"  {p['forward_end'] / GIB:7.2f} GiB  at the end of the forward (in the head loss)")
+    print(f"  {p['backward'] / GIB:7.2f} GiB  in the backward (largest, layer by layer)")
+    print(f"  {p['backward_end'] / GIB:7.2f} GiB  at the end of the backward / optimizer step "
+          f"(+ {p['gradients (fp32, all at the end of the backward)'] / GIB:.2f} GiB of fp32 gradients)")
+    print(f"  {p['peak'] / GIB:7.2f} GiB  predicted peak")
+
+
+def print_peer_floor(s: Shape) -> None:
+    """SpecForge's BF16Optimizer layout, by arithmetic: what its step holds whatever its activations."""
+    P, fixed = s.params(), 2 * 2 * s.vocab * s.hidden + 2 * s.context_rows * s.feature_layers * s.hidden
+    held = 2 * P + 4 * P + 8 * P + fixed
+    print(f"\nSpecForge 0.2.0's step (its BF16Optimizer), whatever its activations: bf16 weights {2 * P / GIB:.2f} + "
+          f"fp32 masters {4 * P / GIB:.2f} + fp32 moments {8 * P / GIB:.2f} + embedding, head and features "
+          f"{fixed / GIB:.2f} = {held / GIB:.2f} GiB held; its optimizer step adds the bf16 gradients and their fp32 "
+          f"copies ({6 * P / GIB:.2f} GiB) before AdamW runs: at least {(held + 6 * P) / GIB:.2f} GiB at that moment")
+    plain = 2 * P + 4 * P + fixed
+    print(f"The same model with torch's AdamW on its bf16 weights (bf16 moments, no fp32 masters): {plain / GIB:.2f} "
+          f"GiB held, + {2 * P / GIB:.2f} GiB of bf16 gradients at the end of the backward")
+
+
+def trace_compiled(mode: str) -> list[tuple[str, tuple[int, ...], str, bool]]:
+    """What the compiled halves of one small decoder layer keep for backward, as the partitioner torch.compile
+    uses (min-cut) leaves it on this machine (no code generation): (half, shape, dtype, whether it is an input of
+    the half: the layer input, the context, RoPE tables, the attention output)."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    from draftline.model.attention import make_attention
+    from draftline.model.drafter import DFlashDrafter
+    from draftline.model.recompute import selective
+    from draftline.objective.blocks import build_blocks
+
+    cfg = build_drafter_config(target_config("tiny"), num_hidden_layers=1, block_size=16)
+    saved, current = [], [""]
+
+    def backward_compiler(gm, _inputs):
+        for node in gm.graph.nodes:
+            value = node.meta.get("val")
+            if node.op == "placeholder" and not node.name.startswith("tangents") and isinstance(value, torch.Tensor):
+                saved.append((current[0], tuple(int(d) for d in value.shape), str(value.dtype)[6:],
+                              node.name.startswith("primals")))
+        return make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg).float()
+    layer = drafter.layers[0]
+    for name in ("attention_inputs", "attention_outputs_and_mlp"):
+        def labelled(gm, inputs, _name=name):  # the backward graph is made when the backward first runs
+            current[0] = _name
+            return backward_compiler(gm, inputs)
+
+        backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=labelled,
+                               partition_fn=min_cut_rematerialization_partition)
+        fn = selective(getattr(layer, name), mode, intermediate_size=cfg.intermediate_size)
+        setattr(layer, name, torch.compile(fn, backend=backend, fullgraph=True))
+    batch = packed_batch([160], cfg.vocab_size, 0)
+    blocks = build_blocks(batch, torch.tensor([5, 40, 77, 120, 150]), block_size=16, mask_token_id=0, gamma=7.0)
+    feats = torch.randn(batch.num_tokens, len(drafter.target_layer_ids) * cfg.hidden_size).bfloat16()
+    embeds = torch.randn(blocks.block_input_ids.shape[0], cfg.hidden_size).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = drafter(embeds, feats, blocks.block_positions, blocks.context_positions,
+                      make_attention(blocks.layout, cfg, "dense"))
+    out.float().sum().backward()
+    torch._dynamo.reset()
+    params = {(tuple(p.shape), str(p.dtype)[6:]) for p in layer.parameters()}
+    return [entry for entry in saved if (entry[1], entry[2]) not in params]  # the fp32 weights live on anyway
+
+
+def print_trace(mode: str, s: Shape) -> None:
+    """The traced list, each entry's dimensions named and its size at ``s``'s shape."""
+    cfg = build_drafter_config(target_config("tiny"), num_hidden_layers=1, block_size=16)
+    names = {cfg.hidden_size: ("H", s.hidden), cfg.intermediate_size: ("I", s.intermediate),
+             cfg.num_attention_heads: ("heads", s.heads), cfg.num_key_value_heads: ("kv_heads", s.kv_heads),
+             cfg.head_dim: ("head_dim", s.head_dim), 80: ("Q", s.query_rows), 160: ("T", s.context_rows),
+             cfg.num_key_value_heads * cfg.head_dim: ("kv_width", s.kv_heads * s.head_dim), 1: ("1", 1)}
+    assert len(names) == 9, "the tiny shape's dimensions must differ from each other to be named"
+    print(f"\ncompiled halves, recompute={mode!r}: kept for backward, traced on a tiny layer (Q = 80 query rows, "
+          f"T = 160 context rows, H = {cfg.hidden_size}, I = {cfg.intermediate_size}), sized at the {s.hidden}-wide "
+          "shape")
+    total = 0
+    for half, shape, dtype, is_input in trace_compiled(mode):
+        size = math.prod(names[d][1] for d in shape) * getattr(torch, dtype).itemsize
+        total += 0 if is_input else size
+        print(f"  {half:26s} {size / MIB:8.1f} MiB  [{', '.join(names[d][0] for d in shape)}] {dtype}"
+              + ("  (an input of the half)" if is_input else ""))
+    print(f"  {'':26s} {total / MIB:8.1f} MiB  in all, inputs left out (the formula's compiled part: "
+          f"{sum(v for k, v in layer_saved(s, mode).items() if not k.startswith(('attention kernel', 'layer output'))) / MIB:.1f})")
+
+
+# ------------------------------------------------------------------------------------------ the measurement
+def _allocated() -> float:
+    return torch.cuda.memory_allocated() / GIB
+
+
+def _peak(reset: bool = True) -> float:
+    value = torch.cuda.max_memory_allocated() / GIB
+    if reset:
+        torch.cuda.reset_peak_memory_stats()
+    return value
+
+
+class Probe:
+    """Memory at each decoder layer's forward and around the head loss during one instrumented step."""
+
+    def __init__(self, layers):
+        self.layer_kept: list[float] = []
+        self.head: dict = {}
+        self.forward_peak = float("nan")
+        self._handles = []
+        for layer in layers:
+            self._handles.append(layer.register_forward_pre_hook(self._before))
+            self._handles.append(layer.register_forward_hook(self._after))
+        self._at = 0.0
+
+    def _before(self, _module, _args):
+        self._at = _allocated()
+
+    def _after(self, _module, _args, _out):
+        self.layer_kept.append(_allocated() - self._at)
+
+    def head_call(self, fn):
+        def measured(*args, **kwargs):
+            before = _allocated()
+            self.head["before_gib"] = before
+            self.forward_peak = _peak()  # the forward up to the head
+            out = fn(*args, **kwargs)
+            self.head["peak_gib"] = _peak()
+            self.head["transient_gib"] = self.head["peak_gib"] - before
+            return out
+
+        return measured
+
+    def close(self):
+        for handle in self._handles:
+            handle.remove()
+
+
+def saved_by_layer(layers, forward) -> dict:
+    """Bytes autograd saves during ``forward()`` (one forward, no backward), by where they were saved: before the
+    layers, in layer i, after them (final norm, head). Each storage counted once, where it was first saved. Inside a
+    compiled region it sees what the compiled function saves; inside an eager selective-recompute region, nothing
+    (that region's own hooks take over)."""
+    where, seen, found = ["before the layers"], set(), {}
+
+    def pack(t):
+        ptr = (t.device, t.untyped_storage().data_ptr())
+        if ptr not in seen:
+            seen.add(ptr)
+            entry = found.setdefault(where[0], {"mib": 0.0, "tensors": 0, "largest": []})
+            entry["mib"] += t.untyped_storage().nbytes() / MIB
+            entry["tensors"] += 1
+            entry["largest"].append((t.untyped_storage().nbytes() / MIB, f"{list(t.shape)} {str(t.dtype)[6:]}"))
+        return t
+
+    handles = []
+    for i, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(lambda *_a, _i=i: where.__setitem__(0, f"layer {_i}")))
+        handles.append(layer.register_forward_hook(lambda *_a: where.__setitem__(0, "after the layers")))
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = forward()
+        del out
+    finally:
+        for handle in handles:
+            handle.remove()
+    for entry in found.values():
+        entry["mib"] = round(entry["mib"], 1)
+        entry["largest"] = [f"{mib:.0f} MiB {what}" for mib, what in sorted(entry["largest"], reverse=True)[:6]]
+    return found
+
+
+def _features(b, width, device, dtype):
+    g = torch.Generator(device=device).manual_seed(1000 + b.index)
+    return torch.randn(b.num_tokens, width, generator=g, device=device, dtype=dtype)
+
+
+def _frozen(cfg, device, dtype):
+    g = torch.Generator(device=device).manual_seed(7)
+    embed = (torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g, device=device) * 0.02).to(dtype)
+    head = (torch.randn(cfg.vocab_size, cfg.hidden_size, generator=g, device=device) * 0.02).to(dtype)
+    return embed, head
+
+
+def _device_used(device) -> float:
+    from draftline.monitor.gpu import device_stats
+
+    used = device_stats(device).mem_used_gib
+    return float("nan") if used is None else used
+
+
+class Ours:
+    """draftline's drafter worker for one variant."""
+
+    def __init__(self, opts, cfg, args, device, dtype):
+        from draftline.model.drafter import checkpoint_layers
+        from draftline.model.fused import compile_drafter
+
+        embed, head = _frozen(cfg, device, dtype)
+        chunk = next((int(o[5:]) for o in opts if o.startswith("chunk")), args.head_chunk_rows)
+        self.worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head, chunk, compile_layers=False,
+                                  attention=args.attention)
+        self.worker.objective.settings.max_anchors = args.anchors
+        if "ckpt" in opts:
+            checkpoint_layers(self.worker.drafter)
+        mode = next((m for m in ("none", "cheap", "mlp") if m in opts), "cheap")
+        if "eager" not in opts and device.type == "cuda":
+            compile_drafter(self.worker.drafter, recompute=mode)
+        moments = "bf16" if "bf16moments" in opts else "fp32"
+        if moments != "fp32":
+            from draftline.config import OptimConfig
+            from draftline.pipeline.optim import build_optimizer, build_scheduler
+
+            self.worker.optimizer = build_optimizer(self.worker.drafter, OptimConfig(), moments=moments)
+            self.worker.scheduler = build_scheduler(self.worker.optimizer, OptimConfig(), 1000)
+        self.headcopy = "headcopy" in opts
+        self.layers = self.worker.drafter.layers
+        self.width = self.worker.objective.feature_width
+        self.predicted = None if "eager" in opts or "ckpt" in opts else (mode, chunk, self.headcopy, moments)
+
+    def patch(self):
+        """Swap in the head-loss body of the code before the in-place gradient (a second [R, V] buffer)."""
+        import draftline.objective.head_loss as hl
+
+        if not self.headcopy:
+            return lambda: None
+        original = hl._fused_loss_and_grad
+        compiled = torch.compile(hl.loss_and_grad_of_logits, dynamic=True)
+
+        def separate(raw, labels, row_weights, multiplier, softcap, teacher_raw, distill, need_grad):
+            loss, correct, grad, ce = compiled(raw, labels, row_weights, multiplier, softcap, teacher_raw, distill,
+                                               need_grad)
+            if need_grad:
+                raw.copy_(grad)
+            return loss, correct, ce
+
+        hl._fused_loss_and_grad = lambda: separate
+        return lambda: setattr(hl, "_fused_loss_and_grad", original)
+
+    def step(self, delivery):
+        """One step as the drafter role runs it; the record of the step before (None for the first)."""
+        self.worker.accumulate([delivery])
+        record = self.worker.read_record()
+        self.worker.queue_update()
+        return record
+
+    def last(self):
+        return self.worker.read_record()
+
+    def forward_only(self, delivery):
+        objective = self.worker.objective
+        blocks = objective.blocks(delivery.batch).pin_memory().to(delivery.features.device)
+        with self.worker._autocast():
+            return objective(delivery.features, blocks)[0]
+
+    def instrumented(self, delivery, probe: Probe) -> dict:
+        import draftline.objective.loss as objective_loss
+
+        original = objective_loss.chunked_head_loss
+        marks = {}
+
+        def head(*args, **kwargs):
+            loss_sum, correct = probe.head_call(original)(*args, **kwargs)
+
+            def backward_starts(grad):
+                marks["forward_rest_peak"] = _peak()
+                return grad
+
+            loss_sum.register_hook(backward_starts)
+            return loss_sum, correct
+
+        objective_loss.chunked_head_loss = head
+        try:
+            self.worker.accumulate([delivery])
+        finally:
+            objective_loss.chunked_head_loss = original
+        torch.cuda.synchronize()
+        marks["after_backward_gib"] = _allocated()
+        marks["backward_peak_gib"] = _peak()
+        self.worker.read_record()
+        self.worker.queue_update()
+        self.worker.read_record()
+        torch.cuda.synchronize()
+        marks["optimizer_peak_gib"] = _peak()
+        return marks
+
+
+class _ClippedAdamW:
+    """torch's fused AdamW over a bf16 model's own weights (so bf16 moments and no fp32 master copy), the gradients
+    clipped to ``max_grad_norm`` first: the peer's model with the plainest optimizer, for comparison."""
+
+    def __init__(self, model, lr: float, max_grad_norm: float):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, fused=True)
+        self.max_grad_norm = max_grad_norm
+
+    def step(self):
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+
+class Peer:
+    """SpecForge 0.2.0's own DFlash step: its draft model (with its Liger kernels if asked), training wrapper
+    (anchors, flex mask, chunked checkpointed loss) and BF16Optimizer, built by its own functions."""
+
+    def __init__(self, opts, cfg, args, device, dtype):
+        import copy
+        import types
+
+        from specforge.algorithms.common.dflash_family_model import OnlineDFlashModel
+        from specforge.algorithms.dflash.providers import build_draft
+        from specforge.optimizer import BF16Optimizer
+
+        run = types.SimpleNamespace(
+            model=types.SimpleNamespace(torch_dtype="bfloat16", use_liger_kernel="liger" in opts,
+                                        draft_checkpoint_path=None),
+            training=types.SimpleNamespace(strategy="dflash",
+                                           attention_backend="flex_attention" if device.type == "cuda" else "sdpa"))
+        torch.manual_seed(0)
+        self.draft = build_draft(run, copy.deepcopy(cfg))  # z-lab config, as a checkpoint's config.json carries it
+        embed, head = _frozen(cfg, device, torch.bfloat16)  # the peer runs in bf16 throughout
+        lm_head = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, device="meta")
+        lm_head.weight = torch.nn.Parameter(head, requires_grad=False)
+        embed_tokens = torch.nn.Embedding(cfg.vocab_size, cfg.hidden_size, device="meta")
+        embed_tokens.weight = torch.nn.Parameter(embed, requires_grad=False)
+        self.model = OnlineDFlashModel(self.draft, lm_head, embed_tokens, int(cfg.dflash_config["mask_token_id"]),
+                                       block_size=int(cfg.block_size), attention_backend=run.training.attention_backend,
+                                       num_anchors=args.anchors, loss_decay_gamma=7.0, objective_chunk_blocks=128)
+        self.model.to(device=device)
+        self.model.train()
+        if "bf16adamw" in opts:  # torch's fused AdamW on the bf16 weights: bf16 moments, no fp32 masters
+            self.optimizer = _ClippedAdamW(self.draft, lr=6e-4, max_grad_norm=1.0)
+        else:
+            self.optimizer = BF16Optimizer(self.draft, lr=6e-4, max_grad_norm=1.0, total_steps=1000,
+                                           warmup_ratio=0.04)
+        self.layers = self.draft.layers
+        self.width = len(cfg.dflash_config["target_layer_ids"]) * cfg.hidden_size
+        self.predicted = None
+        self._record = None
+
+    def patch(self):
+        return lambda: None
+
+    def _forward(self, delivery):
+        b = delivery.batch
+        return self.model(input_ids=b.input_ids[None].to(delivery.features.device),
+                          hidden_states=delivery.features[None].to(torch.bfloat16),
+                          loss_mask=b.loss_mask.long()[None].to(delivery.features.device))
+
+    def forward_only(self, delivery):
+        return self._forward(delivery)[0]
+
+    def step(self, delivery):
+        loss, _accuracy, _ = self._forward(delivery)
+        loss.backward()
+        norm = self.optimizer.step()
+        previous, self._record = self._record, (loss.detach(), norm)
+        return previous
+
+    def last(self):
+        return self._record
+
+    def instrumented(self, delivery, probe: Probe) -> dict:
+        import specforge.algorithms.common.dflash_family_model as peer_model
+
+        original = peer_model.checkpointed_chunk_reduce
+        peer_model.checkpointed_chunk_reduce = probe.head_call(original)
+        try:
+            loss, _, _ = self._forward(delivery)
+        finally:
+            peer_model.checkpointed_chunk_reduce = original
+        torch.cuda.synchronize()
+        marks = {"forward_rest_peak": _peak()}
+        loss.backward()
+        torch.cuda.synchronize()
+        marks["after_backward_gib"] = _allocated()
+        marks["backward_peak_gib"] = _peak()
+        self.optimizer.step()
+        torch.cuda.synchronize()
+        marks["optimizer_peak_gib"] = _peak()
+        return marks
+
+
+def _loss_of(record):
+    if record is None:
+        return None
+    if isinstance(record, tuple):  # the peer's (loss, grad norm) on the device
+        return {"loss": float(record[0]), "grad_norm": float(record[1])}
+    return {"loss": record.loss, "grad_norm": record.grad_norm}
+
+
+def measures_memory(device: torch.device) -> bool:
+    """Whether the memory figures (torch.cuda's allocator statistics) exist for ``device``."""
+    return device.type == "cuda"
+
+
+def run_variant(name: str, args, cfg, device, dtype, shape: Shape) -> dict:
+    opts = set(name.split("+"))
+    cuda = measures_memory(device)
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    result: dict = {"variant": name, "start_gib": _allocated() if cuda else float("nan")}
+    arm = (Peer if "peer" in opts else Ours)(opts, cfg, args, device, dtype)
+    unpatch = arm.patch()
+    try:
+        if cuda:
+            torch.cuda.synchronize()
+            result["after_build_gib"] = _allocated()
+        batches = [packed_batch([args.tokens], cfg.vocab_size, i, i) for i in range(args.warmup + args.iters + 1)]
+
+        def delivery(b):
+            return Delivery(b.index, _features(b, arm.width, device, dtype), b)
+
+        records = []
+        t0 = time.perf_counter()
+        for b in batches[: args.warmup]:
+            records.append(arm.step(delivery(b)))
+        if cuda:
+            torch.cuda.synchronize()
+            result["after_optimizer_state_gib"] = _allocated()  # weights, moments, no gradients, one batch's features
+        result["warmup_s"] = time.perf_counter() - t0
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        times, ends = [], []
+
+        def mark():
+            if not cuda:
+                return time.perf_counter()
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+
+        ends.append(mark())
+        for b in batches[args.warmup: args.warmup + args.iters]:
+            records.append(arm.step(delivery(b)))
+            ends.append(mark())
+        records.append(arm.last())
+        if cuda:
+            torch.cuda.synchronize()
+            times = [a.elapsed_time(b) for a, b in zip(ends, ends[1:])]
+            result.update(peak_gib=_peak(reset=False), reserved_gib=torch.cuda.max_memory_reserved() / GIB,
+                          device_used_gib=_device_used(device))
+        else:
+            times = [1e3 * (b - a) for a, b in zip(ends, ends[1:])]
+        result["step_ms"] = [round(t, 2) for t in times]
+        result["step_ms_median"] = statistics.median(times)
+        result["step_ms_mean"] = statistics.fmean(times)
+        result["losses"] = [_loss_of(r) for r in records if r is not None]
+        if cuda:
+            probe = Probe(arm.layers)
+            try:
+                torch.cuda.synchronize()
+                _peak()
+                start = _allocated()
+                marks = arm.instrumented(delivery(batches[-1]), probe)
+            finally:
+                probe.close()
+            result["step_start_gib"] = start
+            result["layer_kept_mib"] = [round(g * GIB / MIB, 1) for g in probe.layer_kept]
+            result["forward_peak_gib"] = max(probe.forward_peak, probe.head.get("peak_gib", float("nan")),
+                                             marks.pop("forward_rest_peak", float("nan")))
+            result["head"] = probe.head
+            result.update(marks)
+        if args.saved_tensors:
+            try:
+                result["saved_tensors"] = saved_by_layer(arm.layers, lambda: arm.forward_only(delivery(batches[-1])))
+            except Exception as exc:  # noqa: BLE001 - a report beside the measurement, not the measurement
+                result["saved_tensors"] = {"failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    finally:
+        unpatch()
+    if arm.predicted is not None:
+        result["predicted_peak_gib"] = predict(shape, *arm.predicted)["peak"] / GIB
+    del arm
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return result
+
+
+def print_table(results: list[dict]) -> None:
+    cols = [("step_ms_median", "ms med", "8.1f"), ("step_ms_mean", "ms mean", "8.1f"), ("peak_gib", "peak", "7.2f"),
+            ("predicted_peak_gib", "pred", "6.2f"), ("reserved_gib", "resv", "6.2f"), ("device_used_gib", "device", "7.2f"),
+            ("after_build_gib", "built", "6.2f"), ("after_optimizer_state_gib", "+optim", "6.2f"),
+            ("forward_peak_gib", "fwd pk", "6.2f"), ("backward_peak_gib", "bwd pk", "6.2f"),
+            ("optimizer_peak_gib", "opt pk", "6.2f")]
+    print("\n" + f"{'variant':24s} " + " ".join(f"{label:>{len(format(0.0, fmt))}s}" for _, label, fmt in cols)
+          + "  layer kept MiB | head transient GiB | first losses")
+    for r in results:
+        if "failed" in r:
+            print(f"{r['variant']:24s} failed: {r['failed'].strip().splitlines()[-1][:150]}")
+            continue
+        cells = " ".join(format(r.get(key, float("nan")), fmt) for key, _, fmt in cols)
+        layers = r.get("layer_kept_mib") or []
+        losses = ", ".join(f"{x['loss']:.4f}" for x in r.get("losses", [])[:4] if x and x.get("loss") is not None)
+        print(f"{r['variant']:24s} {cells}  {'/'.join(f'{x:.0f}' for x in layers)} | "
+              f"{r.get('head', {}).get('transient_gib', float('nan')):.2f} | {losses}")
+
+
+def environment() -> dict:
+    import importlib.metadata as md
+
+    env = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    for pkg in ("transformers", "specforge", "liger-kernel", "flash-attn-4", "triton"):
+        try:
+            env[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            env[pkg] = None
+    if torch.cuda.is_available():
+        env["device"] = torch.cuda.get_device_name()
+        env["device_total_gib"] = torch.cuda.mem_get_info()[1] / GIB
+    return env
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="8b", help="the target shape the drafter is built for")
+    parser.add_argument("--layers", type=int, default=5, help="drafter layers")
+    parser.add_argument("--tokens", type=int, default=3072, help="tokens of the one sample per step")
+    parser.add_argument("--anchors", type=int, default=512, help="anchors per sample (the blocks of a pass)")
+    parser.add_argument("--head-chunk-rows", type=int, default=2048,
+                        help="rows of logits per LM-head chunk (bench_line's default, under which 23.4 GiB was measured)")
+    parser.add_argument("--max-query-rows", type=int, default=32768, help="block rows per pass (one pass here)")
+    parser.add_argument("--attention", default="auto", choices=["auto", "flex", "flash", "dense"],
+                        help="the drafter's attention ('auto': FlashAttention-4 if installed and it passes its check)")
+    parser.add_argument("--variants", default="none+headcopy,cheap",
+                        help="comma-separated variants, each a '+'-joined set of options (see above)")
+    parser.add_argument("--iters", type=int, default=10, help="timed steps per variant")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, autotuning)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu runs the steps (a check that the variants run; no memory figures)")
+    parser.add_argument("--predict", action="store_true", help="print the accounting and exit")
+    parser.add_argument("--trace", action="store_true",
+                        help="with --predict: what the compiled halves keep, traced on this machine (CPU is enough)")
+    parser.add_argument("--saved-tensors", action="store_true",
+                        help="also list what autograd saves in one more forward, by layer (saved-tensor hooks)")
+    parser.add_argument("--json", type=Path, help="write the results (and the environment) here")
+    args = parser.parse_args()
+    cfg = build_drafter_config(target_config(args.shape), num_hidden_layers=args.layers, block_size=16)
+    anchors = min(args.anchors, args.tokens - 1)
+    shape = Shape.of(cfg, args.tokens, anchors)
+    if args.predict:
+        for mode, headcopy, moments in (("none", True, "fp32"), ("cheap", False, "fp32"), ("mlp", False, "fp32"),
+                                        ("cheap", False, "bf16")):
+            print_prediction(shape, predict(shape, mode, args.head_chunk_rows, headcopy, moments),
+                             f"recompute={mode!r}, head chunk {args.head_chunk_rows} rows"
+                             + (", its gradient in its own buffer" if headcopy else ", gradient in place")
+                             + f", {moments} AdamW moments")
+        print_peer_floor(shape)
+        if args.trace:
+            for mode in ("none", "cheap", "mlp"):
+                print_trace(mode, shape)
+        return 0
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    results = []
+    for name in args.variants.split(","):
+        try:
+            results.append(run_variant(name, args, cfg, device, dtype, shape))
+        except Exception:  # noqa: BLE001 - one failing variant must not hide the others
+            results.append({"variant": name, "failed": traceback.format_exc()[-3000:]})
+            print(results[-1]["failed"], flush=True)
+        print(json.dumps({k: v for k, v in results[-1].items() if k not in ("step_ms", "losses")}), flush=True)
+        if args.json:  # after every variant: a call cut short by its time limit keeps what it measured
+            args.json.write_text(json.dumps({"environment": environment(), "args": vars(args) | {"json": str(args.json)},
+                                             "results": results}, indent=1, default=str))
+    print_table(results)
+    for r in results:
+        for where, entry in (r.get("saved_tensors") or {}).items():
+            print(f"  {r['variant']}: saved {where}: " + (entry if isinstance(entry, str) else
+                  f"{entry['mib']:.0f} MiB in {entry['tensors']} storages; largest {'; '.join(entry['largest'])}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

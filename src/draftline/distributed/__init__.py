@@ -1,0 +1,1 @@
+"""The job's machinery: joining, roles, health, failures, the run directory, memory."""

@@ -1,0 +1,172 @@
+"""Planning a node: the split arithmetic, the rate and memory models by hand, sharding's effect, the 27B plan's
+recommendation and its JSON, and the command on a tiny target (estimated and measured)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from draftline.cli import main
+from draftline.sizing.flops import DrafterShape, TargetShape
+from draftline.sizing.memory_estimate import MemoryInputs, colocated_memory, drafter_memory, target_memory, trained_params
+from draftline.sizing.plan import (
+    MEASURED_MFU, Hardware, RoleRates, colocated_rate, drafter_seconds_per_sample, estimate_rates, per_sample_flops,
+    plan_layouts, shard_traffic_bytes, splits,
+)
+
+GIB = 2**30
+
+
+def test_best_split_balances_the_two_sides():
+    rates = RoleRates(target_samples_s=10.0, drafter_samples_s=5.0, source="test")
+    table = splits(6, rates)
+    best = table[0]
+    assert (best.targets, best.drafters) == (2, 4) and best.waiting_side == "none" and best.samples_s == 20.0
+    by_split = {(s.targets, s.drafters): s for s in table}
+    assert by_split[(5, 1)].waiting_side == "targets" and by_split[(5, 1)].waiting_share == pytest.approx(0.9)
+    assert by_split[(1, 5)].waiting_side == "drafters" and by_split[(1, 5)].samples_s == 10.0
+
+
+def test_colocated_matches_a_balanced_split_and_beats_an_unbalanced_one():
+    rates = RoleRates(target_samples_s=10.0, drafter_samples_s=5.0, source="test")
+    assert colocated_rate(6, rates) == pytest.approx(splits(6, rates)[0].samples_s)  # 2+4 balances exactly
+    assert splits(5, rates)[0].samples_s == 15.0  # 2+3: the drafters set the pace
+    assert colocated_rate(5, rates) == pytest.approx(5 / 0.3)
+
+
+def _shapes():
+    target = TargetShape.uniform(hidden_size=1024, num_heads=8, num_kv_heads=8, head_dim=128, intermediate_size=4096,
+                                 num_layers=4, vocab_size=1000)
+    drafter = DrafterShape.uniform(hidden_size=1024, num_heads=8, num_kv_heads=8, head_dim=128,
+                                   intermediate_size=4096, num_layers=1, vocab_size=1000, target_layer_ids=(0, 1))
+    return target, drafter
+
+
+LAYER = 4 * 1024 * 1024 + 3 * 1024 * 4096  # q, k, v, o + SwiGLU
+
+
+def test_memory_model_by_hand_and_what_sharding_divides():
+    target, drafter = _shapes()
+    memory = target_memory(target, layers_run=2, token_budget=1000, num_feature_layers=2, queued_batches=1)
+    assert memory.weights * GIB == 2 * (2 * LAYER + 2 * 1000 * 1024)  # bf16, embedding and head included
+    assert memory.buffers * GIB == 2 * 1000 * 2 * 1024 * 2  # this batch's features and one queued
+    trained = LAYER + 2 * 1024 * 1024  # one layer + fc
+    assert trained_params(drafter) == trained
+    d = drafter_memory(drafter, token_budget=1000, max_query_rows=64, queued_batches=0)
+    assert d.optimizer * GIB == 8 * trained and d.weights * GIB == 8 * trained + 2 * 2 * 1000 * 1024
+    four = drafter_memory(drafter, token_budget=1000, max_query_rows=64, queued_batches=0, num_shards=4,
+                          frozen_weights=False)
+    # a quarter of the 16 bytes per trained weight, two layers' bf16 weights gathered, no embedding and head
+    assert four.optimizer * GIB == 2 * trained and four.weights * GIB == 2 * trained + 2 * 2 * LAYER
+    assert four.activations == d.activations
+
+
+def test_rates_come_from_the_flop_counter_at_the_measured_mfus():
+    target, drafter = _shapes()
+    lengths = np.array([300, 700, 1100])
+    rates = estimate_rates(target, drafter, lengths, 64, peak_flops=1e15)
+    t, d = per_sample_flops(target, drafter, lengths, 64)
+    assert rates.target_samples_s == pytest.approx(MEASURED_MFU["target"][0] * 1e15 / t)
+    assert rates.drafter_samples_s == pytest.approx(MEASURED_MFU["drafter"][0] * 1e15 / d)
+
+
+def test_a_slow_link_makes_the_sharded_drafters_wait_for_their_state():
+    rates = RoleRates(target_samples_s=2.0, drafter_samples_s=4.0, source="test")
+    params = 10**9
+    fast = Hardware("fast", 1e15, 100, link_gbs=1000.0)
+    slow = Hardware("slow", 1e15, 100, link_gbs=1.0)
+    assert shard_traffic_bytes(params, 1) == 0 and shard_traffic_bytes(params, 4) == 8 * params * 3 / 4
+    assert drafter_seconds_per_sample(rates, 1, params, 2.0, slow) == 0.25  # alone: nothing to move
+    assert drafter_seconds_per_sample(rates, 4, params, 2.0, fast) == 0.25  # the traffic hides under the compute
+    assert drafter_seconds_per_sample(rates, 4, params, 2.0, slow) == pytest.approx(2 * 6e9 / 1e9)
+
+
+def test_a_layout_is_sized_to_fit_and_the_colocated_record_gives_its_gpu_under_both_keys():
+    target, drafter = _shapes()
+    inputs = MemoryInputs(target, drafter, 2, 2, q_hs=2)
+    rates = RoleRates(target_samples_s=10.0, drafter_samples_s=5.0, source="test")
+    colocated_32k = colocated_memory(inputs, 4, 32768, 32768).total
+    hardware = Hardware("small", 1e15, memory_gib=colocated_32k + 1.0 - 0.5, link_gbs=1000.0)  # just too small
+    layouts = plan_layouts(4, rates, hardware, inputs, token_budget=32768, max_query_rows=32768, mean_length=1000.0,
+                           passes_per_sample=lambda rows: 0.1, headroom_gib=1.0, min_budget=1024)
+    colocated = next(layout for layout in layouts if layout.colocated)
+    assert colocated.fits and (colocated.token_budget, colocated.max_query_rows) < (32768, 32768)
+    assert colocated_memory(inputs, 4, colocated.token_budget, colocated.max_query_rows).total <= hardware.memory_gib - 1
+    record = colocated.to_record()
+    assert record["memory_gib"]["target"] == record["memory_gib"]["drafter"] == pytest.approx(colocated.memory_target.total,
+                                                                                          abs=0.01)
+    assert record["ktok_s"] == pytest.approx(colocated_rate(4, rates) * 1000 / 1e3, rel=1e-3)
+
+
+def _qwen3_6_27b_config_only(path):
+    """Qwen3.6-27B's text config.json and nothing else: planning reads no weights."""
+    from transformers import Qwen3_5TextConfig
+
+    Qwen3_5TextConfig(
+        vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
+        num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48,
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, max_position_embeddings=262144,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+    ).save_pretrained(path)
+    return path
+
+
+def test_plan_for_qwen3_6_27b_on_8_rtx_pro_6000(tmp_path, capsys):
+    """The node the seeds trained on: the recommended layout fits every GPU and, at the MFUs measured on an H200,
+    runs at 22 Ktok/s or more at 512 anchors; sharding takes a drafter's state to a quarter on 4 drafters."""
+    target = _qwen3_6_27b_config_only(tmp_path / "q27")
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--target", str(target), "--gpus", "8", "--gpu", "RTX PRO 6000", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "8 x NVIDIA RTX PRO 6000 Blackwell: 504 TFLOP/s dense bf16, 96 GiB each" in printed
+    assert "runs 62 (47 linear attention, 15 full attention)" in printed
+    assert "drafter: 5 layers, 32 heads x 128 (8 KV)" in printed
+    plan = json.loads(out.read_text())
+    layouts = plan["layouts"]
+    assert len(layouts) == 8 and {(l["targets"], l["drafters"]) for l in layouts if not l["colocated"]} == {
+        (t, 8 - t) for t in range(1, 8)}
+    best = plan["recommended"]
+    assert best["fits"] and max(best["memory_gib"].values()) <= 94 and best["ktok_s"] >= 22
+    assert best["command"].startswith("draftline train --gpus 8 ")
+    assert [a["max_anchors"] for a in plan["anchors"]] == [128, 256, 512]
+    speeds = [a["ktok_s"] for a in plan["anchors"]]
+    assert speeds == sorted(speeds, reverse=True)  # fewer anchors, less drafter work
+    from draftline.sizing.shapes import DrafterShape as Shape
+    from draftline.pipeline.spec import ModelSpec
+    from draftline.config import TrainConfig
+
+    config = TrainConfig()
+    config.model.target = str(target)
+    shape: Shape = ModelSpec.resolve(config).drafter_shape
+    one = drafter_memory(shape, 32768, 32768, 3).total
+    four = drafter_memory(shape, 32768, 32768, 3, num_shards=4).total
+    assert one - four >= 15
+
+
+def test_plan_command_estimates_and_measures(qwen3_target, line_data, capsys):
+    assert main(["plan", "--target", str(qwen3_target), "--gpus", "8", "--draft-layers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "recommended: " in out and "FLOP model" in out and "8 x colocated" in out
+    assert main(["plan", "--target", str(qwen3_target), "--data", str(line_data), "--gpus", "3", "--measure",
+                 "--token-budget", "512", "--draft-layers", "1", "--block-size", "4", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "measured on cpu" in out and out.count("idle") + out.count("balanced") >= 2
+
+
+def test_trains_default_split_is_the_plans_best_split(qwen3_target):
+    from draftline.config import TrainConfig
+    from draftline.sizing.plan import hardware_for, target_share
+    from draftline.sizing.workload import reference_lengths
+    from draftline.distributed.roles import split
+    from draftline.pipeline.spec import ModelSpec
+
+    config = TrainConfig()
+    config.model.target = str(qwen3_target)
+    model = ModelSpec.resolve(config)
+    rates = estimate_rates(model.target_shape, model.drafter_shape, reference_lengths(), config.data.max_anchors,
+                           hardware_for(None).peak_flops)
+    for world in (3, 5, 8):
+        best = splits(world, rates)[0]
+        assert split(world, None, None, target_share(model, config)) == (best.targets, best.drafters), world
