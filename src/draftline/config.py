@@ -49,6 +49,25 @@ class ModelConfig:
     layer_types: list[str] | None = opt(None, "--layer-types", metavar="TYPE,TYPE,...")
     """Attention of each drafter layer, comma-separated: full_attention or sliding_attention (one per
     layer). None = all full, except for Qwen3.5/3.6 hybrid targets (sliding x4 + full, as released)."""
+    method: str | None = opt(None, "--method", check=OneOf(("dflash", "dspark")))
+    """The drafter trained: 'dflash' (the DFlash drafter: B inputs draft B - 1 tokens, a weighted cross-entropy)
+    or 'dspark' (DSpark, arXiv 2607.05147: the DFlash backbone with a Markov head on the previous token and a
+    confidence head; B inputs draft B tokens; 0.1 CE + 0.9 L1 against the target's distribution + 1.0 BCE of the
+    confidence; served by SGLang --speculative-algorithm DSPARK and vLLM method dspark, vanilla head only). None =
+    dflash, or with init_drafter that drafter's. DSpark's target also runs its last layers and sends its final
+    hidden state (+1 feature layer's columns)."""
+    markov_rank: int | None = opt(None, "--markov-rank", metavar="RANK", check=POSITIVE)
+    """DSpark's Markov head rank r: an embedding [V, r] and a linear r -> V add a previous-token bias to every
+    slot's logits (2 x V x r trained weights). None = 256, as DeepSpec and the engines' configs. --method dspark only."""
+    markov_head_type: str | None = opt(None, "--markov-head-type", check=OneOf(("vanilla", "gated")))
+    """DSpark's Markov head: 'vanilla' (the bias from the previous token alone; served by SGLang and vLLM) or
+    'gated' (scaled by a gate on the slot's hidden state; SGLang only). None = vanilla. --method dspark only."""
+    confidence_head: bool | None = opt(None, "--confidence-head", off="--no-confidence-head")
+    """DSpark's confidence head: one logit per slot predicting its acceptance, trained by BCE against the
+    realised acceptance (the report shows its calibration). None = on. --method dspark only."""
+    confidence_head_with_markov: bool | None = opt(None, "--confidence-with-markov", off="--confidence-without-markov")
+    """Whether the confidence head also reads the previous token's Markov embedding (DeepSpec's default) or the
+    slot's hidden state alone. None = with it (when the head is on). --method dspark only."""
     init_drafter: str | None = opt(None, "--init-drafter", metavar="DIR")
     """Warm start: a drafter directory (e.g. a released z-lab drafter) whose config and weights the
     run starts from, to adapt a drafter to your data instead of training one from random weights. Its shape is
@@ -118,9 +137,9 @@ class OptimConfig:
     grad_clip: float = opt(1.0, "--grad-clip", metavar="NORM", check=NON_NEGATIVE)
     """Clip the global gradient norm (all drafter parameters) to this before each update; 0 = off."""
     loss_gamma: float | None = opt(None, "--loss-gamma", metavar="POSITIONS", check=POSITIVE)
-    """Decay of the per-position loss weights exp(-(k-1)/gamma), in block positions. None = the
-    paper's for the block size (7 for 16, 5 for 10, 4 for 8, else block_size/2); smaller weights the
-    first positions more, which set most of tau."""
+    """Decay of the per-position loss weights exp(-(k-1)/gamma), in block positions (DSpark: exp(-k/gamma) from
+    its first slot). None = the paper's for the block size (DFlash: 7 for 16, 5 for 10, 4 for 8, else
+    block_size/2; DSpark: 4, as DeepSpec); smaller weights the first positions more, which set most of tau."""
     loss: str = opt("dflash", "--loss", check=OneOf(("dflash", "dpace")))
     """The per-position loss weights: 'dflash' (exp(-(k-1)/gamma), the paper's) or 'dpace' (D-PACE, arXiv
     2605.18810: each position's cross-entropy weighted by its detached share of the block's expected
@@ -128,6 +147,11 @@ class OptimConfig:
     dpace_alpha: float = opt(0.5, "--dpace-alpha", metavar="ALPHA", check=Within(0, 1, low_open=True))
     """D-PACE's smoothing, in (0, 1]: a position's acceptance counts as (1 - alpha) q + alpha, q the drafter's
     probability of its label (0.3-0.7 train stably; 0.5 as published). Only with loss = dpace."""
+    dspark_loss_weights: tuple[float, float, float] = opt((0.1, 0.9, 1.0), "--dspark-loss-weights",
+                                                          metavar="CE,L1,BCE")
+    """DSpark's three loss terms' weights, comma-separated: the cross-entropy of the Markov-corrected logits
+    against the data's token, the L1 distance between the drafter's and the target's distributions, the
+    confidence head's binary cross-entropy (0.1,0.9,1.0: DeepSpec's and SpecForge's). --method dspark only."""
     distill: float = opt(0.0, "--distill", metavar="WEIGHT", check=FRACTION)
     """Soft labels: weight (0..1) of the target's own next-token distribution in each position's label
     (0 = the data's tokens only, the DFlash recipe; 1 = the distribution only). Above 0 the target
@@ -352,6 +376,37 @@ def _optional(hint: Any) -> bool:
     return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
 
 
+DSPARK_ONLY = ("markov_rank", "markov_head_type", "confidence_head", "confidence_head_with_markov")
+"""The [model] fields of DSpark's heads (set only with method = dspark)."""
+
+
+def _check_method(config: TrainConfig) -> None:
+    """The method's own options with their method; DSpark with the options it does not combine with."""
+    m, o = config.model, config.optim
+    method = flag_of(m, "method")
+    if m.method != "dspark":
+        given = [_declared(m, name)[1].flag for name in DSPARK_ONLY if getattr(m, name) is not None]
+        if tuple(o.dspark_loss_weights) != (0.1, 0.9, 1.0):
+            given.append(flag_of(o, "dspark_loss_weights"))
+        if given:
+            raise DraftlineError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} DSpark's heads or loss: add "
+                                 f"{method} dspark, or drop {'it' if len(given) == 1 else 'them'}")
+        return
+    if o.loss == "dpace":
+        raise DraftlineError(f"{flag_of(o, 'loss')} dpace weighs DFlash's cross-entropy; {method} dspark has its own "
+                             f"loss (0.1 CE + 0.9 L1 + 1.0 BCE, {flag_of(o, 'dspark_loss_weights')}): use "
+                             f"{flag_of(o, 'loss')} dflash (the default with {method} dspark) or {method} dflash")
+    if o.distill > 0:
+        raise DraftlineError(f"{flag_of(o, 'distill')} mixes the target's distribution into DFlash's labels; "
+                             f"{method} dspark distils it already (its L1 term): drop {flag_of(o, 'distill')}")
+    if m.confidence_head is False and m.confidence_head_with_markov:
+        raise DraftlineError(f"{_declared(m, 'confidence_head_with_markov')[1].flag} feeds a confidence head that "
+                             f"{_declared(m, 'confidence_head')[1].off} turns off: drop one")
+    if any(not w >= 0 for w in o.dspark_loss_weights) or not any(o.dspark_loss_weights[:2]):
+        raise DraftlineError(f"{named(o, 'dspark_loss_weights')} = {list(o.dspark_loss_weights)}: each weight must be "
+                             ">= 0, and CE or L1 above 0 (the BCE term trains the confidence head alone)")
+
+
 def validate(config: TrainConfig) -> None:
     """Raise DraftlineError naming the field and the fix for anything that cannot run: the required
     fields, each field's own range or choices, then the rules between fields."""
@@ -378,6 +433,7 @@ def validate(config: TrainConfig) -> None:
     if o.loss == "dpace" and o.distill > 0:
         raise DraftlineError(f"{loss} dpace weighs hard labels by the drafter's probability of them; it does not "
                              f"combine with {distill}: drop one")
+    _check_method(config)
     if m.init_drafter and m.init_from_target is not None:
         switch = _declared(m, "init_from_target")[1]
         chosen = switch.flags[0] if m.init_from_target else switch.off

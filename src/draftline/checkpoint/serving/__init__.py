@@ -55,7 +55,8 @@ __all__ = ["ENGINES_READ", "MIXED_LAYERS_WARNING", "RULES", "SGLANG", "SGLANG_DE
 TRAIN_FLAGS = {"dflash_config.target_layer_ids": "--target-layer-ids", "dflash_config.mask_token_id": "--mask-token-id",
                "target_layer_ids": "--target-layer-ids", "mask_token_id": "--mask-token-id",
                "block_size": "--block-size", "layer_types": "--layer-types", "sliding_window": "--sliding-window",
-               "use_sliding_window": "--sliding-window"}
+               "use_sliding_window": "--sliding-window", "markov_rank": "--markov-rank",
+               "markov_head_type": "--markov-head-type"}
 
 
 def check_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig,
