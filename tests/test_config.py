@@ -472,4 +472,4 @@ def test_plan_takes_the_train_options_it_shares_from_their_fields():
         assert f"(train's [{section}] {name}" in action.help, flag
         assert action.default == getattr(sections()[section](), name) and action.metavar, flag
         shared += 1
-    assert shared == 9
+    assert shared == 11

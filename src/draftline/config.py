@@ -380,7 +380,7 @@ DSPARK_ONLY = ("markov_rank", "markov_head_type", "confidence_head", "confidence
 """The [model] fields of DSpark's heads (set only with method = dspark)."""
 
 
-def _check_method(config: TrainConfig) -> None:
+def check_method(config: TrainConfig) -> None:
     """The method's own options with their method; DSpark with the options it does not combine with."""
     m, o = config.model, config.optim
     method = flag_of(m, "method")
@@ -433,7 +433,7 @@ def validate(config: TrainConfig) -> None:
     if o.loss == "dpace" and o.distill > 0:
         raise DraftlineError(f"{loss} dpace weighs hard labels by the drafter's probability of them; it does not "
                              f"combine with {distill}: drop one")
-    _check_method(config)
+    check_method(config)
     if m.init_drafter and m.init_from_target is not None:
         switch = _declared(m, "init_from_target")[1]
         chosen = switch.flags[0] if m.init_from_target else switch.off

@@ -10,8 +10,9 @@ With ``x_s`` the last committed token (DeepSpec's ``eval/dspark/draft_ops.py``, 
 so slot k drafts the token at position s + k + 1 and the block gives B drafts, verified as
 ``[x_s, d_1 .. d_B]``. The full block runs even where fewer drafts are wanted (near ``max_new_tokens``): a
 slot's hidden state depends on the whole block, as in training. The confidence head's probabilities of each
-proposal are kept (``confidences``, one tensor per cycle since the last ``reset``) for calibration reports;
-drafting does not stop on them (the paper's offline numbers do not).
+proposal are kept (``last_confidence``; ``confidences``, one tensor per cycle since the last ``reset``) for the
+calibration report (``evaluate.acceptance.confidence_calibration``); drafting does not stop on them (the paper's
+offline numbers do not).
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ class DSparkProposer(DFlashProposer):
         super().__init__(drafter, target)
         self.num_drafts = drafter.block_size
         self.confidences: list[torch.Tensor] = []
+        self.last_confidence: torch.Tensor | None = None
 
     def reset(self) -> None:
         super().reset()
         self.confidences = []
+        self.last_confidence = None
 
     def propose(self, anchor: torch.Tensor, anchor_pos: int, new_features: torch.Tensor, num_drafts: int,
                 sampling: Sampling, generator: torch.Generator | None = None):
@@ -44,8 +47,9 @@ class DSparkProposer(DFlashProposer):
         drafts, probs = self.draw(self.head_logits(hidden), hidden, block[0], sampling, generator)
         previous = torch.cat([block[:1], drafts[:-1]])
         confidence = self.drafter.confidence_logits(hidden, previous)
+        self.last_confidence = None if confidence is None else confidence.sigmoid()
         if confidence is not None:
-            self.confidences.append(confidence.sigmoid())
+            self.confidences.append(self.last_confidence)
         return drafts, probs
 
     def draw(self, base: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor, sampling: Sampling,

@@ -59,6 +59,9 @@ class Generation:
     num_prompt_tokens: int = 0
     seconds: float = 0.0
     """Wall-clock time of the whole decoding, prefill included (synchronised on CUDA)."""
+    confidences: list[list[float] | None] = field(default_factory=list)
+    """Per step, the proposer's predicted acceptance of each draft (a DSpark drafter's confidence head; None where
+    it predicts none or drafted nothing), aligned with ``acceptance_lengths``; empty for a proposer without one."""
 
     @property
     def num_generated(self) -> int:
@@ -100,7 +103,8 @@ class TokenProposer(Protocol):
         """(drafts [num_drafts], the distributions they were drawn from [num_drafts, V] or None when greedy).
 
         ``anchor`` (a device scalar) is the last committed token, at ``anchor_pos``; ``new_features`` as for
-        ``Proposer.draft_logits``.
+        ``Proposer.draft_logits``. A proposer that predicts each draft's acceptance leaves it in
+        ``last_confidence`` ([num_drafts] probabilities, or None), read after each call.
         """
 
 
@@ -336,6 +340,7 @@ def speculative_generate(
     tokens = list(input_ids) + [int(anchor)]
     start = num_prompt  # position of the anchor, the last committed token
     acceptance_lengths: list[int] = []
+    confidences: list[torch.Tensor | None] = []  # a token proposer's predicted acceptance of each step's drafts
     stopped = tokens[-1] in stop
     linear = _LinearStates(cache)  # empty where the cache rewinds them itself
 
@@ -343,8 +348,11 @@ def speculative_generate(
         size = min(block_size, max_length - start)
         block = torch.full((size,), proposer.mask_token_id, dtype=torch.long, device=device)
         block[0] = anchor
+        if own_drafts is not None:
+            confidences.append(None)
         if size > 1 and own_drafts is not None:
             block[1:], draft_probs = proposer.propose(anchor, start, new_features, size - 1, sampling, generator)
+            confidences[-1] = getattr(proposer, "last_confidence", None)
         elif size > 1:
             draft_logits = proposer.draft_logits(block, start, new_features)  # [size - 1, V]
             if sampling.greedy:
@@ -398,7 +406,10 @@ def speculative_generate(
         start += produced
         _crop(cache, start)
 
-    return Generation(tokens[:max_length], acceptance_lengths, num_prompt, _now(device) - began)
+    # Read once the prompt is decoded (each read syncs with the device).
+    predicted = [None if c is None else c.float().tolist() for c in confidences] if any(
+        c is not None for c in confidences) else []
+    return Generation(tokens[:max_length], acceptance_lengths, num_prompt, _now(device) - began, predicted)
 
 
 def as_proposer(drafter, target: PreTrainedModel):

@@ -227,6 +227,11 @@ class DFlashDrafter(nn.Module):
             elif isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
 
+    def heads(self) -> list[nn.Module]:
+        """The modules a method adds beside the backbone, each called on its own after ``forward`` (DSpark's
+        Markov and confidence heads); none for DFlash. Sharding makes each its own unit (``distributed.shard``)."""
+        return []
+
     def rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary(positions, like.dtype)
 

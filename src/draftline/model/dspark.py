@@ -102,17 +102,22 @@ class MarkovHead(nn.Module):
     def latent(self, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """What ``markov_w2`` turns into the bias, [..., r]; ``hidden`` [..., H] is read by the gated head only."""
         embedded = self.embed(prev_ids)
-        if self.kind == "vanilla":
-            return embedded
+        return embedded if self.kind == "vanilla" else self._gated(embedded, hidden)
+
+    def _gated(self, embedded: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         gate = torch.sigmoid(self.gate_proj(torch.cat([hidden, embedded.to(hidden.dtype)], dim=-1)))
         return gate.to(embedded.dtype) * embedded
 
-    def forward(self, prev_ids: torch.Tensor, hidden: torch.Tensor, apply=None):
+    def forward(self, prev_ids: torch.Tensor, hidden: torch.Tensor, apply=None, with_embedding: bool = False):
         """The bias added to the slots' logits, [..., V]. With ``apply``: ``apply(latent, markov_w2.weight)``
         instead, so that a training loss that forms the bias chunk by chunk runs inside this module's call (a
-        head sharded from outside is gathered for it, as for any forward)."""
-        latent = self.latent(prev_ids, hidden)
-        return self.markov_w2(latent) if apply is None else apply(latent, self.markov_w2.weight)
+        head sharded from outside is gathered for it, as for any forward). ``with_embedding``: also return
+        W1[x_{k-1}] (the confidence head's Markov input), from this one call: a sharded head's weights exist only
+        inside its forward."""
+        embedded = self.embed(prev_ids)
+        latent = embedded if self.kind == "vanilla" else self._gated(embedded, hidden)
+        out = self.markov_w2(latent) if apply is None else apply(latent, self.markov_w2.weight)
+        return (out, embedded) if with_embedding else out
 
 
 class ConfidenceHead(nn.Module):
@@ -156,6 +161,9 @@ class DSparkDrafter(DFlashDrafter):
                 module.weight.normal_(0.0, std)
             elif isinstance(module, nn.Linear) and module.bias is not None:
                 module.bias.zero_()
+
+    def heads(self) -> list[nn.Module]:
+        return [self.markov_head] + ([self.confidence_head] if self.confidence_head is not None else [])
 
     def markov_logits(self, base_logits: torch.Tensor, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Slot logits corrected by the Markov head: base [..., V] + bias(prev [...], hidden [..., H])."""

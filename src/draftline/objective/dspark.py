@@ -124,9 +124,13 @@ class DSparkObjective(DFlashObjective):
                                     chunk_rows=settings.chunk_rows, multiplier=self.logit_multiplier,
                                     softcap=self.softcap)
 
-        loss, ce_sum, l1_sum, accept, correct = self.drafter.markov_head(blocks.prev_ids, rows, apply=head_loss)
+        # Each head through its own module call, once per pass: sharded (FSDP2), a head's weights are gathered for
+        # its forward (and again for its backward) and exist only then.
+        (loss, ce_sum, l1_sum, accept, correct), embedded = self.drafter.markov_head(
+            blocks.prev_ids, rows, apply=head_loss, with_embedding=True)
         weights = blocks.label_weights.to(loss.dtype)
-        confidence = self.drafter.confidence_logits(rows, blocks.prev_ids)
+        head = self.drafter.confidence_head
+        confidence = None if head is None else head(rows, embedded if head.with_markov else None)
         bce_sum = error_sum = torch.zeros((), dtype=loss.dtype, device=loss.device)
         if confidence is not None:
             target = accept.to(confidence.dtype)
@@ -178,6 +182,6 @@ def summarize_dspark(vector: torch.Tensor, block_size: int) -> dict:
         confidence_abs_error=ratio(tail[CONFIDENCE_ERROR_SUM], weight),
         tau_expected=ratio(tail[TAU_SUM], blocks),
         confidence_by_position=[ratio(p, n) for p, n in zip(predicted, count)],
-        acceptance_by_position=[ratio(a, n) for a, n in zip(realised, count)],
+        expected_acceptance_by_position=[ratio(a, n) for a, n in zip(realised, count)],
     )
     return summary

@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import torch
 
+LOSS_BYTES_PER_LOGIT = 10
+"""Bytes per row and vocabulary entry of one chunk with a bf16 head (2.5 fp32 values; the docstring above)."""
+
 
 def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, softcap: float | None):
     """(logits [R, V], d logits / d raw or None): the head as ``objective.head_loss`` applies it. Plain logits stay

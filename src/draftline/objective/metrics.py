@@ -51,6 +51,10 @@ def pass_metrics(
     return out
 
 
+SUMMARY_KEYS = ("loss", "accuracy", "accuracy_by_position", "tf_acceptance", "num_blocks", "num_labels", "weight_sum")
+"""What ``summarize`` returns; a method's summary adds its own keys after these (the monitor logs them as they are)."""
+
+
 def summarize(vector: torch.Tensor, block_size: int, first_slot: int = 1) -> dict:
     """Host-side summary: loss (per unit weight), accuracy per slot (from ``first_slot``, see ``pass_metrics``),
     teacher-forced acceptance. Entries after the ``metrics_size`` head (a method's own) are not read.

@@ -31,7 +31,7 @@ def build_target(spec: RunSpec) -> TargetFeatures:
     """The frozen target that computes the drafter's features on this rank (compiled on CUDA)."""
     keep_all = spec.colocated and spec.role.is_logging  # the same copy decodes for evaluation
     target = TargetFeatures(spec.model.target, list(spec.model.layer_ids), device=spec.device, dtype=spec.dtype,
-                            keep_all_layers=keep_all, final_hidden=spec.model.distill,
+                            keep_all_layers=keep_all, final_hidden=spec.model.final_hidden,
                             config=spec.model.target_file_config)
     if spec.config.engine.compile and spec.device.type == "cuda":
         from draftline.model.fused import compile_target
@@ -63,7 +63,8 @@ def build_evaluation(spec: RunSpec, group: DrafterGroup, logger, *, target_worke
     """The measurements of acceptance during training (``target_worker``: colocated, the thread whose target
     copy decodes)."""
     return InTrainingEvaluation(spec.config.monitor, total_steps=spec.total_steps,
-                                drafter_config=spec.model.drafter_config, target=spec.model.target,
+                                drafter_config=spec.model.drafter_config, method=spec.model.method,
+                                target=spec.model.target,
                                 dataset=spec.data.dataset if spec.data is not None else None, device=spec.device,
                                 dtype=spec.dtype, group=group, logger=logger, target_worker=target_worker)
 
@@ -77,7 +78,7 @@ def build_drafter(spec: RunSpec) -> DFlashDrafter:
 
         return load_drafter(model.init_source, device=spec.device, dtype=torch.float32, config=model.drafter_config)
     torch.manual_seed(spec.config.data.seed)
-    drafter = DFlashDrafter(model.drafter_config).float()
+    drafter = model.method.build_drafter(model.drafter_config).float()
     if model.init == INIT_TARGET:
         from draftline.model.warm_start import init_from_target
 
@@ -86,12 +87,12 @@ def build_drafter(spec: RunSpec) -> DFlashDrafter:
 
 
 def build_objective(spec: RunSpec, drafter: DFlashDrafter, embed: torch.Tensor, head: torch.Tensor) -> DFlashObjective:
-    """The DFlash objective of ``drafter`` with the target's frozen embedding and LM head."""
+    """The method's objective of ``drafter`` with the target's frozen embedding and LM head."""
     c = spec.config
     settings = ObjectiveSettings(max_anchors=c.data.max_anchors, head_chunk_rows=c.engine.head_chunk_rows,
                                  attention=c.engine.attention, seed=c.data.seed, gamma=c.optim.loss_gamma,
                                  distill=c.optim.distill, loss=c.optim.loss, dpace_alpha=c.optim.dpace_alpha)
-    return DFlashObjective(drafter, embed, head, settings)
+    return spec.model.method.objective(drafter, embed, head, settings)
 
 
 def target_embedding_and_head(spec: RunSpec, target: TargetFeatures | None) -> tuple[torch.Tensor, torch.Tensor]:

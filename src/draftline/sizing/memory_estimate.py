@@ -95,6 +95,25 @@ def drafter_memory(shape: DrafterShape, token_budget: int, max_query_rows: int, 
                           activations / _GIB, features / _GIB)
 
 
+def method_memory(shape: DrafterShape, token_budget: int, max_query_rows: int, queued_batches: int,
+                  bytes_per_value: int = 2, num_shards: int = 1, head_chunk_rows: int = 4096) -> MemoryEstimate:
+    """What the drafter's training method adds to ``drafter_memory`` (``shape.method``; nothing for DFlash): its
+    heads' fp32 master weights, gradients and AdamW moments (16 bytes per weight, 1/``num_shards`` each); the
+    target's final hidden state, ``hidden_size`` more feature columns in the batches received and the one trained;
+    its own loss's chunk (``loss_chunk_rows`` x vocabulary x ``loss_bytes_per_logit``, in place of the DFlash
+    head loss's chunk) and the buffers it keeps for a pass."""
+    method = shape.method
+    heads = method.head_params / num_shards
+    extra_features = shape.hidden_size * bytes_per_value * token_budget if method.final_hidden else 0
+    loss = 0.0
+    if method.loss_chunk_rows:
+        own = min(method.loss_chunk_rows, max_query_rows) * shape.vocab_size * method.loss_bytes_per_logit
+        replaced = min(head_chunk_rows, max_query_rows) * shape.vocab_size * HEAD_CHUNK_BYTES_PER_LOGIT
+        loss = own + method.loss_fixed_bytes - replaced
+    return MemoryEstimate(8 * heads / _GIB, 8 * heads / _GIB, (extra_features + loss) / _GIB,
+                          queued_batches * extra_features / _GIB)
+
+
 @dataclass(frozen=True)
 class MemoryInputs:
     """What the memory of a layout depends on besides its shape."""
@@ -112,11 +131,12 @@ def split_memory(inputs: MemoryInputs, targets: int, drafters: int, budget: int,
     outbox = -(-inputs.q_hs // targets) + 1
     target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, outbox)
     drafter = drafter_memory(inputs.drafter_shape, budget, rows, 3, num_shards=drafters)
-    return target, drafter
+    return target, drafter + method_memory(inputs.drafter_shape, budget, rows, 3, num_shards=drafters)
 
 
 def colocated_memory(inputs: MemoryInputs, num_gpus: int, budget: int, rows: int) -> MemoryEstimate:
     """A GPU's memory with its target (q_hs batches queued) and its drafter's shard (the target's embedding
     and head shared)."""
     target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, inputs.q_hs)
-    return target + drafter_memory(inputs.drafter_shape, budget, rows, 0, num_shards=num_gpus, frozen_weights=False)
+    return (target + drafter_memory(inputs.drafter_shape, budget, rows, 0, num_shards=num_gpus, frozen_weights=False)
+            + method_memory(inputs.drafter_shape, budget, rows, 0, num_shards=num_gpus))
