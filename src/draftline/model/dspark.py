@@ -132,7 +132,9 @@ class ConfidenceHead(nn.Module):
         """hidden [..., H], embedded [..., r] (W1[x_{k-1}]; unused without the Markov input) -> logits [...] fp32."""
         if self.with_markov:
             hidden = torch.cat([hidden, embedded.to(hidden.dtype)], dim=-1)
-        return self.proj(hidden).squeeze(-1).float()
+        # proj as a matrix-vector product: a fresh tensor, not a squeezed view of [..., 1] (a sharded head's
+        # output must not be a view: FSDP2's backward hook hangs on it)
+        return (torch.matmul(hidden, self.proj.weight[0]) + self.proj.bias[0]).float()
 
 
 class DSparkDrafter(DFlashDrafter):
