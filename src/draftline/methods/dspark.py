@@ -81,13 +81,14 @@ class DSpark:
         lookup: no FLOPs), the teacher's head on the target's final hidden state, DSpark's loss chunk
         (``objective.dspark_head_loss``) and its fp32 [V, r] buffer."""
         hidden, vocab, rank = int(config.hidden_size), int(config.vocab_size), int(config.markov_rank)
-        gate = (hidden + rank) * rank + rank if config.markov_head_type == "gated" else 0
+        gate = (hidden + rank) * rank if config.markov_head_type == "gated" else 0  # gate_proj, its bias aside
         confidence = 0
         if config.enable_confidence_head:
-            confidence = hidden + (rank if config.confidence_head_with_markov else 0) + 1
+            confidence = hidden + (rank if config.confidence_head_with_markov else 0)  # proj, its bias aside
+        biases = (rank if gate else 0) + (1 if confidence else 0)
         return MethodShape(
             drafts_anchor_slot=True,
-            head_params=2 * vocab * rank + gate + confidence,
+            head_params=2 * vocab * rank + gate + confidence + biases,
             row_params=vocab * rank + gate + confidence,
             teacher_head=True,
             final_hidden=True,
