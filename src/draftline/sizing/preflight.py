@@ -208,12 +208,9 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
         anchors = late[-anchors_n:] if len(late) >= anchors_n else torch.arange(tokens - anchors_n - 1, tokens - 1)
 
         def body():
-            from draftline.objective.blocks import build_blocks
-
             queued = torch.empty(queued_batches * tokens, width, device=device, dtype=dtype)
             features = torch.randn(tokens, width, device=device, dtype=dtype)
-            blocks = build_blocks(batch, anchors, block_size=block, mask_token_id=objective.mask_token_id,
-                                  gamma=objective.gamma).to(device)
+            blocks = objective.build(batch, anchors).to(device)  # the method's blocks (DSpark: its slots)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                 loss, _ = objective(features, blocks)
             loss.backward()
