@@ -2,7 +2,7 @@
 
     pip install --no-deps --target .venv-x/site 'specforge==0.2.0'     # the `bench` extra, without its deps
     PYTHONPATH=.venv-x/site:src python bench/peer_objective.py --data DATA --target TARGET --out DIR \\
-        --draft-layers 3 --block-size 8 --max-anchors 32 --max-batch-size 8 --epochs 2 --seed 0
+        --draft-layers 3 --block-size 8 --max-anchors 32 --max-batch-size 8 --epochs 2 --seed 0 [--peer-loss dpace]
 
 Nothing of the peer is re-implemented here: its draft model (``specforge.modeling.draft.dflash``),
 its training wrapper and loss (``specforge.algorithms.common.dflash_family_model.OnlineDFlashModel``),
@@ -55,7 +55,7 @@ def peer_config(args, mask_token_id: int):
         torch_dtype=args.peer_dtype, embedding_key=None, lm_head_key=None, use_liger_kernel=False)
     training = types.SimpleNamespace(
         strategy="dflash", attention_backend="eager", num_anchors=args.max_anchors,
-        loss_decay_gamma=args.peer_gamma, objective_chunk_blocks=128, loss_type="dflash", dpace_alpha=0.5,
+        loss_decay_gamma=args.peer_gamma, objective_chunk_blocks=128, loss_type=args.peer_loss, dpace_alpha=0.5,
         learning_rate=args.lr, max_grad_norm=args.grad_clip, warmup_ratio=args.warmup_ratio,
         lr_scheduler="cosine", optimizer_cpu_offload=False)
     return types.SimpleNamespace(model=model, training=training, mode="offline")
@@ -145,6 +145,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-clip", type=float, default=1.0, help="its gradient-norm clip (default: %(default)s)")
     p.add_argument("--peer-gamma", type=float, default=4.0,
                    help="its loss_decay_gamma; 4.0 = the paper's for block 8 (its configs set the paper's 7 for block 16)")
+    p.add_argument("--peer-loss", default="dflash", choices=["dflash", "dpace"],
+                   help="the peer's loss_type: its DFlash loss, or its D-PACE loss (alpha 0.5; divided by its per-rank "
+                        "batch size, as its trainer does) (default: %(default)s)")
     p.add_argument("--peer-dtype", default="bfloat16", choices=["bfloat16", "float32"],
                    help="its model.torch_dtype (default bf16, as it trains; fp32 master weights either way)")
     p.add_argument("--anchors", default="peer", choices=["peer", "ours"],

@@ -24,11 +24,13 @@ Corpora (each: a target, its own regenerated training data, held-out prompts the
 Arms (``--arms``; ``NAME=FLAGS`` adds one: extra ``draftline train`` flags, or ``peer:FLAGS`` for the
 peer script): every arm gets the peer's budget and settings, the flags of ``BUDGET``.
 
-- ``peer``: SpecForge's own code (``bench/peer_objective.py``) on the same batches;
-- ``init``: ``draftline train --init-from-target``; ``random``: ``draftline train --random-init``;
+- ``peer``: SpecForge's own code (``bench/peer_objective.py``) on the same batches; ``peer-dpace``: the same
+  with its D-PACE loss;
+- ``init``: ``draftline train --init-from-target`` (train's defaults: the D-PACE loss); ``dflash``: the same
+  with ``--loss dflash``; ``random``: ``draftline train --random-init``;
 - a DSpark arm is one with ``--method dspark`` among its flags, e.g.
   ``--arm 'dspark=--init-from-target --method dspark'`` (its heads and loss by their own flags:
-  ``--markov-rank``, ``--markov-head-type``, ``--no-confidence-head``, ``--dspark-loss-weights``).
+  ``--markov-rank``, ``--markov-head-type``, ``--no-confidence-head``, ``--dspark-loss-weights``; no ``--loss``).
 
 The judge: the official ``dflash`` package's ``DFlashDraftModel.from_pretrained`` on each run's
 exported drafter and its ``dflash_generate`` (greedy, block 8) on the held-out prompts with the
@@ -61,7 +63,9 @@ BUDGET = ["--draft-layers", "3", "--block-size", "8", "--max-anchors", "32", "--
           "--epochs", "2", "--lr", "6e-4", "--warmup-ratio", "0.04", "--grad-clip", "1.0"]
 ARMS = {
     "peer": "peer:--peer-dtype float32",  # fp32 on the CPU (no bf16 units here: emulated bf16 is ~20x slower)
-    "init": "--init-from-target",
+    "peer-dpace": "peer:--peer-dtype float32 --peer-loss dpace",
+    "init": "--init-from-target",  # train's defaults: the D-PACE loss since 2026-12-04
+    "dflash": "--init-from-target --loss dflash",
     "random": "--random-init",
 }
 SITE_PACKAGES = ("networkx", "matplotlib", "jinja2", "markdown", "numpy", "dateutil")

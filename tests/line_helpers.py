@@ -73,3 +73,12 @@ def base_args(target, data, out, **extra):
     for key, value in extra.items():
         args += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
     return args
+
+
+def resume_copy(checkpoint: Path, out: Path) -> None:
+    """A run directory holding only ``checkpoint``: what a run stopped right after it leaves to --resume."""
+    import shutil
+
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copytree(checkpoint, out / "checkpoints" / checkpoint.name)
+    (out / "checkpoints" / "latest").write_text(checkpoint.name + "\n")

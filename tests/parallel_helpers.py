@@ -10,42 +10,59 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _held(layers: torch.nn.Module) -> float:
-    """The fraction of the decoder layers' weights this rank holds."""
+def _held(layers: torch.nn.Module, only: str = "") -> float:
+    """The fraction of the decoder layers' weights this rank holds (``only``: of the weights whose names hold it)."""
     local = full = 0
-    for param in layers.parameters():
+    for name, param in layers.named_parameters():
+        if only not in name:
+            continue
         full += param.numel()
         local += param.to_local().numel() if hasattr(param, "to_local") else param.numel()
-    return local / full
+    return local / full if full else float("nan")
 
 
-def _group_features(rank: int, world: int, store: str, groups: list[list[int]], cases: dict, batch, out: str) -> None:
+def _group_features(rank: int, world: int, store: str, groups: list[list[int]], cases: dict, batch, out: str,
+                    device_type: str) -> None:
     from draftline.model.target import TargetFeatures
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+    device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=120),
+                            device_id=device if device.type == "cuda" else None)
     try:
         made = [dist.new_group(ranks) for ranks in groups]  # every rank of the job creates every group, in order
+        options_device = {"device": device} if device.type == "cuda" else {}
         mine = [group for ranks, group in zip(groups, made) if rank in ranks]
         for group in mine:
             for name, (target_dir, layer_ids, options) in cases.items():
-                target = TargetFeatures(target_dir, layer_ids, dtype=torch.float32, group=group, **options)
-                torch.save({"features": target(batch), "held": _held(target.decoder.layers)},
+                target = TargetFeatures(target_dir, layer_ids, dtype=torch.float32, group=group, **options_device,
+                                        **options)
+                embed, head = target.embed_weight(), target.head_weight()
+                torch.save({"features": target(batch).cpu(), "held": _held(target.decoder.layers),
+                            "held_experts": _held(target.decoder.layers, "experts"),
+                            # what a colocated drafter's objective is handed: whole tensors, not a rank's shard
+                            "embed": embed.cpu(), "head": head.cpu(), "tied": embed is head,
+                            "plain": not any(hasattr(t, "to_local") for t in (embed, head))},
                            Path(out) / f"{name}.{rank}.pt")
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def group_features(tmp_path: Path, world: int, groups: list[list[int]], cases: dict, batch) -> dict[str, dict]:
-    """Spawns ``world`` CPU ranks; the ranks of each of ``groups`` split each case's target among them and compute
+def group_features(tmp_path: Path, world: int, groups: list[list[int]], cases: dict, batch,
+                   device_type: str = "cpu") -> dict[str, dict]:
+    """Spawns ``world`` CPU ranks (``device_type`` "cuda": one GPU each, NCCL); the ranks of each of ``groups`` split each case's target among them and compute
     the features of ``batch`` (cases: name -> (target_dir, layer_ids, TargetFeatures options)); a rank in no group
     only takes part in creating the groups, as a drafter would. Returns name -> {rank: {"features": the features,
-    "held": the fraction of the decoder layers' weights the rank holds}}."""
+    "held": the fraction of the decoder layers' weights the rank holds, "held_experts": of the experts' weights
+    (NaN for a dense target), "embed"/"head": ``embed_weight()``/``head_weight()``, "tied": whether they are one
+    tensor, "plain": whether both are plain tensors (no DTensor)}}."""
     out = tmp_path / "features"
     out.mkdir()
-    mp.start_processes(_group_features, args=(world, str(tmp_path / "store"), groups, cases, batch, str(out)),
+    mp.start_processes(_group_features, args=(world, str(tmp_path / "store"), groups, cases, batch, str(out), device_type),
                        nprocs=world, join=True, start_method="spawn")
     ranks = [rank for group in groups for rank in group]
     return {name: {rank: torch.load(out / f"{name}.{rank}.pt") for rank in ranks} for name in cases}

@@ -41,7 +41,8 @@ def test_loss_gamma_flag_and_its_check():
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o", "--loss-gamma", "2"]))
+    config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o", "--loss", "dflash",
+                                                 "--loss-gamma", "2"]))
     assert config.optim.loss_gamma == 2.0
     config.optim.loss_gamma = 0.0
     with pytest.raises(DraftlineError, match="loss_gamma"):
@@ -56,7 +57,8 @@ def test_distill_flag_and_its_range():
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o", "--distill", "0.5"]))
+    config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o", "--loss", "dflash",
+                                                 "--distill", "0.5"]))
     assert config.optim.distill == 0.5
     validate(config)
     config.optim.distill = 1.5
@@ -277,6 +279,8 @@ def test_validate_names_the_key_and_the_flag_of_each_field_it_rejects(section, n
             config.engine.max_query_rows = max(config.engine.max_query_rows, value)
         if name in DSPARK_ONLY:  # DSpark's heads: with their method
             config.model.method = "dspark"
+        if (section, name) in (("optim", "distill"), ("optim", "loss_gamma")):
+            config.optim.loss = "dflash"  # they weigh the dflash loss; the default D-PACE loss refuses them
         validate(config)
 
 
@@ -286,6 +290,7 @@ RANGES = {
         "model.draft_layers", "data.token_budget", "data.max_batch_size", "data.max_anchors", "data.epochs",
         "optim.lr", "optim.loss_gamma", "optim.grad_accum", "optim.global_batch_tokens", "optim.max_steps",
         "optim.max_minutes", "optim.max_bad_steps", "topology.targets", "topology.drafters", "topology.gpus",
+        "topology.target_parallel",
         "topology.q_pre", "topology.q_hs", "topology.failure_timeout_s", "checkpoint.keep",
         "monitor.eval_num_prompts", "monitor.eval_max_new_tokens", "monitor.eval_final_num_prompts",
         "monitor.eval_final_max_new_tokens", "engine.head_chunk_rows", "engine.gpu_memory_gib", "model.markov_rank"},
@@ -296,7 +301,7 @@ RANGES = {
     "in [0, 1]": {"optim.min_lr_ratio", "optim.distill"},
     "in [0, 1)": {"optim.warmup_ratio"},
     ">= 0": {"optim.grad_clip"},
-    "dflash or dpace": {"optim.loss"},
+    "dpace or dflash": {"optim.loss"},
     "in (0, 1]": {"optim.dpace_alpha"},
     "auto, shard or replicate": {"topology.drafter_state"},
     "auto, cuda or cpu": {"topology.device"},
@@ -357,8 +362,11 @@ def _set(config, **fields):
     ({"model__method": "dflash", "optim__dspark_loss_weights": (0.2, 0.8, 1.0)},
      "--dspark-loss-weights sets DSpark's heads or loss: add --method dspark, or drop it"),
     ({"model__method": "dspark", "optim__loss": "dpace"},
-     "--loss dpace weighs DFlash's cross-entropy; --method dspark has its own loss (0.1 CE + 0.9 L1 + 1.0 BCE, "
-     "--dspark-loss-weights): use --loss dflash (the default with --method dspark) or --method dflash"),
+     "--loss dpace sets DFlash's loss weights; --method dspark has its own loss (0.1 CE + 0.9 L1 + 1.0 BCE, "
+     "--dspark-loss-weights; position weights --loss-gamma): drop --loss, or use --method dflash"),
+    ({"model__method": "dspark", "optim__loss": "dflash"},
+     "--loss dflash sets DFlash's loss weights; --method dspark has its own loss (0.1 CE + 0.9 L1 + 1.0 BCE, "
+     "--dspark-loss-weights; position weights --loss-gamma): drop --loss, or use --method dflash"),
     ({"model__method": "dspark", "optim__distill": 0.5},
      "--distill mixes the target's distribution into DFlash's labels; --method dspark distils it already (its L1 "
      "term): drop --distill"),
@@ -367,6 +375,9 @@ def _set(config, **fields):
     ({"model__method": "dspark", "optim__dspark_loss_weights": (0.0, 0.0, 1.0)},
      "optim.dspark_loss_weights (--dspark-loss-weights) = [0.0, 0.0, 1.0]: each weight must be >= 0, and CE or L1 "
      "above 0 (the BCE term trains the confidence head alone)"),
+    ({"topology__targets": 5, "topology__target_parallel": 2},
+     "topology.targets (--targets) = 5 counts the ranks of the target groups of topology.target_parallel "
+     "(--target-parallel) = 2: make it a multiple (4 or 6)"),
 ], ids=lambda x: "+".join(x) if isinstance(x, dict) else None)
 def test_the_rules_between_fields_name_their_flags(fields, message):
     with pytest.raises(DraftlineError) as info:
@@ -457,8 +468,9 @@ def test_every_flag_that_src_names_is_an_option_of_a_command():
 
 
 # plan's options of the same name as train's that are another value: one dataset to read lengths from,
-# the node's GPU count, one GPU's memory, the device --measure times on.
-PLAN_OWN = {"--data", "--gpus", "--gpu-memory-gib", "--device"}
+# the node's GPU count, one GPU's memory, the device --measure times on, the target groups planned (default: every
+# size the target splits by).
+PLAN_OWN = {"--data", "--gpus", "--gpu-memory-gib", "--device", "--target-parallel"}
 
 
 def test_plan_takes_the_train_options_it_shares_from_their_fields():

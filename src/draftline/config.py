@@ -140,10 +140,12 @@ class OptimConfig:
     """Decay of the per-position loss weights exp(-(k-1)/gamma), in block positions (DSpark: exp(-k/gamma) from
     its first slot). None = the paper's for the block size (DFlash: 7 for 16, 5 for 10, 4 for 8, else
     block_size/2; DSpark: 4, as DeepSpec); smaller weights the first positions more, which set most of tau."""
-    loss: str = opt("dflash", "--loss", check=OneOf(("dflash", "dpace")))
-    """The per-position loss weights: 'dflash' (exp(-(k-1)/gamma), the paper's) or 'dpace' (D-PACE, arXiv
-    2605.18810: each position's cross-entropy weighted by its detached share of the block's expected
-    acceptance length, from the drafter's own probabilities; no gamma)."""
+    loss: str | None = opt(None, "--loss", check=OneOf(("dpace", "dflash")))
+    """DFlash's per-position loss weights: 'dpace' (D-PACE, arXiv 2605.18810: each position's cross-entropy weighted
+    by its detached share of the block's expected acceptance length, from the drafter's own probabilities; no
+    gamma; 1.05-1.08x the acceptance of 'dflash' in docs/benchmarks/2026-12-dpace.md) or 'dflash' (the paper's
+    fixed weights exp(-(k-1)/gamma); needed for --loss-gamma and --distill). None = dpace. The DSpark method has
+    its own loss (its weights: dspark_loss_weights), so neither applies to it."""
     dpace_alpha: float = opt(0.5, "--dpace-alpha", metavar="ALPHA", check=Within(0, 1, low_open=True))
     """D-PACE's smoothing, in (0, 1]: a position's acceptance counts as (1 - alpha) q + alpha, q the drafter's
     probability of its label (0.3-0.7 train stably; 0.5 as published). Only with loss = dpace."""
@@ -189,6 +191,14 @@ class TopologyConfig:
     colocated: bool = opt(False, "--colocated")
     """Every rank runs both: a target thread feeds the drafter of its own process (data-parallel
     drafters, no split). Good when targets and drafters would otherwise wait for each other."""
+    target_parallel: int = opt(1, "--target-parallel", metavar="RANKS", check=POSITIVE)
+    """Ranks per target: each target is a group of this many ranks that runs the model tensor-parallel
+    (transformers' plans: attention heads and MLP columns split, MoE experts split), for a target that does not
+    fit one GPU (`draftline plan` says which size fits). The group computes each of its batches once and its first
+    rank sends the features. targets counts ranks: a multiple of it (--gpus 8 --targets 6 --target-parallel 2:
+    3 targets of 2 ranks and 2 drafters). With colocated every rank is a drafter beside one rank of a target
+    group: N drafters, N / this many targets. Above 1 acceptance is not measured during training (measure the
+    exported drafter afterwards). 1 = one rank per target, the whole model on one GPU."""
     drafter_state: str = opt("auto", "--drafter-state", check=OneOf(("auto", "shard", "replicate")))
     """How several drafter ranks hold the drafter: 'shard' (FSDP2: each keeps 1/D of the weights, gradients
     and AdamW state; layers gathered for each pass), 'replicate' (each keeps all of it; one all-reduce of
@@ -376,6 +386,14 @@ def _optional(hint: Any) -> bool:
     return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
 
 
+def resolved_loss(config: TrainConfig) -> str:
+    """The objective's per-position weights (``objective.loss.ObjectiveSettings.loss``): DFlash's ``optim.loss``
+    (None: 'dpace'); DSpark's are fixed, exp(-k/gamma) ('dflash')."""
+    if config.model.method == "dspark":
+        return "dflash"
+    return config.optim.loss or "dpace"
+
+
 DSPARK_ONLY = ("markov_rank", "markov_head_type", "confidence_head", "confidence_head_with_markov")
 """The [model] fields of DSpark's heads (set only with method = dspark)."""
 
@@ -392,10 +410,10 @@ def check_method(config: TrainConfig) -> None:
             raise DraftlineError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} DSpark's heads or loss: add "
                                  f"{method} dspark, or drop {'it' if len(given) == 1 else 'them'}")
         return
-    if o.loss == "dpace":
-        raise DraftlineError(f"{flag_of(o, 'loss')} dpace weighs DFlash's cross-entropy; {method} dspark has its own "
-                             f"loss (0.1 CE + 0.9 L1 + 1.0 BCE, {flag_of(o, 'dspark_loss_weights')}): use "
-                             f"{flag_of(o, 'loss')} dflash (the default with {method} dspark) or {method} dflash")
+    if o.loss is not None:
+        raise DraftlineError(f"{flag_of(o, 'loss')} {o.loss} sets DFlash's loss weights; {method} dspark has its own "
+                             f"loss (0.1 CE + 0.9 L1 + 1.0 BCE, {flag_of(o, 'dspark_loss_weights')}; position weights "
+                             f"{flag_of(o, 'loss_gamma')}): drop {flag_of(o, 'loss')}, or use {method} dflash")
     if o.distill > 0:
         raise DraftlineError(f"{flag_of(o, 'distill')} mixes the target's distribution into DFlash's labels; "
                              f"{method} dspark distils it already (its L1 term): drop {flag_of(o, 'distill')}")
@@ -426,18 +444,25 @@ def validate(config: TrainConfig) -> None:
         raise DraftlineError(
             f"optim.global_batch_tokens ({flag_of(o, 'global_batch_tokens')} {o.global_batch_tokens}) and optim.grad_accum "
             f"({flag_of(o, 'grad_accum')} {o.grad_accum}) both set the batches of an optimizer step; pick one")
+    check_method(config)
     loss, gamma, distill = flag_of(o, "loss"), flag_of(o, "loss_gamma"), flag_of(o, "distill")
-    if o.loss == "dpace" and o.loss_gamma is not None:
+    if resolved_loss(config) == "dpace" and o.loss_gamma is not None:
         raise DraftlineError(f"{named(o, 'loss_gamma')} weighs the dflash loss; {loss} dpace sets its own "
                              f"weights: drop {gamma} or use {loss} dflash")
-    if o.loss == "dpace" and o.distill > 0:
+    if resolved_loss(config) == "dpace" and o.distill > 0:
         raise DraftlineError(f"{loss} dpace weighs hard labels by the drafter's probability of them; it does not "
                              f"combine with {distill}: drop one")
-    check_method(config)
     if m.init_drafter and m.init_from_target is not None:
         switch = _declared(m, "init_from_target")[1]
         chosen = switch.flags[0] if m.init_from_target else switch.off
         raise DraftlineError(f"{flag_of(m, 'init_drafter')} and {chosen} both set the starting weights; pick one")
+    t = config.topology
+    if t.targets is not None and t.targets % t.target_parallel:
+        raise DraftlineError(
+            f"{named(t, 'targets')} = {t.targets} counts the ranks of the target groups of "
+            f"{named(t, 'target_parallel')} = {t.target_parallel}: make it a multiple "
+            f"({t.targets // t.target_parallel * t.target_parallel or t.target_parallel} or "
+            f"{(t.targets // t.target_parallel + 1) * t.target_parallel})")
     if c.resume and c.from_scratch:
         raise DraftlineError(f"{flag_of(c, 'resume')} and {flag_of(c, 'from_scratch')} contradict each other; pick one")
     if e.max_query_rows < (m.block_size or 2):

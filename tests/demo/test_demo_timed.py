@@ -42,7 +42,7 @@ def test_the_demo_on_the_clock_hands_training_the_time_left_and_ends_in_its_budg
     monkeypatch.setattr(pipeline.Stages, "command", recorded)
     since = time.time()
     cfg = pipeline.DemoConfig(out=tmp_path / "demo", minutes=MINUTES, conversations=64,
-                              keep_conversations=True, epochs=30, eval_prompts=4, eval_max_new_tokens=16)
+                              keep_conversations=True, epochs=60, eval_prompts=4, eval_max_new_tokens=16)
     result = pipeline.run_demo(cfg)
     ended = time.time()
     printed = capfd.readouterr().out

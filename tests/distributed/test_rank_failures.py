@@ -103,6 +103,34 @@ def test_killed_rank_is_named_and_the_run_resumes(qwen3_target, line_data, tmp_p
     assert last_start["mode"] == "resume" and last_start["step"] == step
 
 
+@pytest.mark.parametrize("victim", [2, 1], ids=["kill-group-rank-1", "kill-group-sender"])
+def test_a_killed_rank_of_a_target_group_is_named_with_its_group(qwen3_target, line_data, tmp_path, victim):
+    """A target split over ranks 1 and 2 (--target-parallel 2): killing either rank of the group stops the run within
+    seconds with a message that names the group and the rank's place in it (its peer, inside the group's agreement or
+    one of the target's all-reduces, does not hang); the one drafter saves its last completed step."""
+    out = tmp_path / "run"
+    proc = start([*_long_run(qwen3_target, line_data, out), "--gpus", "3", "--targets", "2", "--target-parallel", "2"])
+    lines = _stderr_lines(proc)
+    wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 3, 120, "3 steps", proc)
+    pid = _rank_pid(out, victim)
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=90)
+    stopped_after = time.time() - killed_at
+    time.sleep(0.2)  # the last lines
+    err = "".join(line for _, line in lines)
+    assert proc.returncode != 0
+    who = f"target rank {victim} (target group 0, its rank {victim - 1} of 2; host "
+    named = [at - killed_at for at, line in lines if ("run failed:" in line or ": stopping:" in line)
+             and who in line and f"pid {pid}" in line]
+    assert named and named[0] < 5.0, (named, err[-3000:])
+    assert stopped_after < 30, stopped_after
+    failure = json.loads((out / "failure.json").read_text())
+    assert who in failure["message"], failure
+    checkpoint = latest_checkpoint(out)
+    assert checkpoint is not None and failure["checkpoint"] == str(checkpoint) and failure["step"] >= 3
+
+
 def test_hung_rank_is_detected(qwen3_target, line_data, tmp_path):
     out = tmp_path / "run"
     proc = start([*_long_run(qwen3_target, line_data, out, failure_timeout=4), "--gpus", "2"])

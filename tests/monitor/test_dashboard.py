@@ -64,6 +64,15 @@ def test_advice_when_targets_wait(busy_status):
     assert advice == "targets wait 40% of the time (q_hs full): --targets 1 --drafters 7, or lower --max-anchors"
 
 
+def test_advice_moves_target_ranks_by_whole_groups(busy_status):
+    """Targets split over groups of 2 (--target-parallel 2): the advice moves a whole group."""
+    status = dataclasses.replace(busy_status, num_targets=4, num_drafters=4, target_parallel=2)
+    assert "--targets 6 --drafters 2" in balance_advice(status)
+    waiting = dataclasses.replace(status, target_wait=0.4, drafter_wait=0.01, q_hs=20)
+    assert "--targets 2 --drafters 6" in balance_advice(waiting)
+    assert "add drafter ranks" in balance_advice(dataclasses.replace(waiting, num_targets=2, num_drafters=6))
+
+
 def test_advice_when_targets_wait_on_data(busy_status):
     status = dataclasses.replace(busy_status, target_wait=0.4, drafter_wait=0.3, q_hs=2, q_pre=[0, 0])
     assert balance_advice(status).startswith("both sides wait")

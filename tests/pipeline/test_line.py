@@ -159,8 +159,8 @@ def test_soft_labels_through_the_line_match_the_single_process(qwen3_target, lin
     on gloo) and gives the same losses as one process; soft labels change the loss."""
     common = dict(max_steps=4, trace=True)
     single, line, hard = tmp_path / "single", tmp_path / "line", tmp_path / "hard"
-    assert main(["train", *base_args(qwen3_target, line_data, single, distill=0.5, **common)]) == 0
-    result = run([*base_args(qwen3_target, line_data, line, distill=0.5, **common), "--gpus", "2", "--targets", "1"])
+    assert main(["train", *base_args(qwen3_target, line_data, single, distill=0.5, loss="dflash", **common)]) == 0
+    result = run([*base_args(qwen3_target, line_data, line, distill=0.5, loss="dflash", **common), "--gpus", "2", "--targets", "1"])
     assert result.returncode == 0, result.stderr[-4000:]
     assert main(["train", *base_args(qwen3_target, line_data, hard, **common)]) == 0
     reference, losses = step_losses(single), step_losses(line)
@@ -172,13 +172,17 @@ def test_soft_labels_through_the_line_match_the_single_process(qwen3_target, lin
 
 
 @pytest.mark.parametrize("layout", [["--gpus", "2", "--colocated"], ["--gpus", "3", "--targets", "1"],
-                                    ["--gpus", "4", "--targets", "2"]],
-                         ids=["2colocated", "1target+2drafters", "2targets+2drafters"])
+                                    ["--gpus", "4", "--targets", "2"],
+                                    ["--gpus", "4", "--targets", "2", "--target-parallel", "2"],
+                                    ["--gpus", "2", "--colocated", "--target-parallel", "2"]],
+                         ids=["2colocated", "1target+2drafters", "2targets+2drafters", "group-of-2+2drafters",
+                              "2colocated-group-of-2"])
 def test_a_time_limit_ends_the_training_early_and_finishes_the_run(qwen3_target, line_data, tmp_path, layout):
     """--max-minutes: the drafters agree on the step, the run finishes there (export, end record), exit 0; the
     learning rate follows the clock down its cosine (the steps alone, 400 epochs' worth, would leave it at its peak).
     Two drafters in every layout: each started its clock at its own moment, so one that followed its own would
-    take another learning rate than its peer and end with other weights."""
+    take another learning rate than its peer and end with other weights. With a target group (--target-parallel 2)
+    its ranks, stopped mid-stream, end cleanly too."""
     out = tmp_path / "run"
     args = base_args(qwen3_target, line_data, out, epochs=400, max_minutes=0.04, save_every=100000, trace=True)
     result = run([*args, *layout])

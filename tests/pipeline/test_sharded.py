@@ -104,7 +104,13 @@ def test_stopped_on_two_drafters_resumed_elsewhere_ends_like_the_run_that_never_
     # before its last (6), also on a loaded machine (stopped after 2 records, one run reached step 6 first).
     wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 1, 180, "1 step", proc)
     ranks = [json.loads(p.read_text()) for p in sorted((out / "ranks").glob("rank-*.json"))]
+    # The ranks are held still while one drafter gets the signal, so that a fast machine does not run to the last
+    # step before the stop is agreed (steps take ~0.1 s here; it did once).
+    for rank in ranks:
+        os.kill(rank["pid"], signal.SIGSTOP)
     os.kill(next(r for r in ranks if r["role_index"] == 1)["pid"], signal.SIGINT)  # one drafter: all agree on the step
+    for rank in ranks:
+        os.kill(rank["pid"], signal.SIGCONT)
     out_text, err_text = proc.communicate(timeout=180)
     assert proc.returncode == 0, err_text[-3000:]
     stopped_at = int(latest_checkpoint(out).name.split("-")[-1])

@@ -37,7 +37,7 @@ def test_the_drafter_starts_from_the_target_by_default_and_random_when_asked(qwe
 def test_the_feature_width_counts_the_teacher_with_soft_labels(qwen3_target):
     config = _config(qwen3_target, draft_layers=2, block_size=4)
     plain = ModelSpec.resolve(config)
-    config.optim = OptimConfig(distill=0.5)
+    config.optim = OptimConfig(distill=0.5, loss="dflash")
     soft = ModelSpec.resolve(config)
     assert plain.feature_width == 2 * 64 and soft.feature_width == 3 * 64
     assert soft.layers_run == 8 and plain.layers_run == max(plain.layer_ids) + 1

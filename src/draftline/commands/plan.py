@@ -6,11 +6,17 @@ another GPU's spec peak, e.g. ``--gpu "RTX PRO 6000"``; the output says so), or 
 the roles timed on the GPU in hand. Memory: a model of each role (weights, optimizer state sharded
 over the drafters, activations, queued features); ``train``'s preflight measures the real worst case.
 Only the target's ``config.json`` is read: a 27B target can be planned on a laptop.
+
+A target that fits no layout with a whole copy per GPU is planned split over target groups
+(``--target-parallel K``, ``sizing/target_groups.py``): every group size the target's heads or experts divide,
+each with one rank's memory, the all-reduce traffic over the link (NVLink or PCIe, named from the GPU table's
+bandwidth) and the time it adds; ``--target-parallel K`` plans that size alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 from collections import Counter
@@ -23,13 +29,15 @@ from draftline.config import TrainConfig, check_method
 from draftline.config_flags import add_field_argument
 from draftline.errors import DraftlineError
 from draftline.model.config import text_config
+from draftline.model.target_parallel import check_group_size, group_sizes
 from draftline.pipeline.spec import ModelSpec
 from draftline.sizing.memory_estimate import MemoryInputs
 from draftline.sizing.peak import format_flops, known_gpus
 from draftline.sizing.plan import (
-    ANCHOR_SWEEP, MEASURED_MFU, estimate_rates, hardware_for, measure_rates, passes_per_sample, per_sample_flops,
-    plan_layouts, target_mfu, with_anchors,
+    ANCHOR_SWEEP, MEASURED_MFU, estimate_rates, group_rates, hardware_for, measure_rates, passes_per_sample,
+    per_sample_flops, plan_layouts, target_mfu, with_anchors,
 )
+from draftline.sizing.target_groups import group_traffic, link_kind, rank_shape
 from draftline.sizing.workload import MEAN_LENGTH, reference_lengths
 
 
@@ -56,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     node.add_argument("--link-gbs", type=float,
                       help="collective bandwidth between the GPUs in GB/s, what sharded drafters move their state over "
                            "(default: assumed from the GPU: NVLink or PCIe 5)")
+    node.add_argument("--target-parallel", type=int, metavar="RANKS",
+                      help="plan targets split over groups of this many ranks (train's [topology] target_parallel); "
+                           "default: a whole target per GPU, or, where no such layout fits, every group size the "
+                           "target's heads or experts divide")
     node.add_argument("--measure", action="store_true",
                       help="time the target's pass and the drafter's step on this machine's GPU instead of the measured MFUs")
     node.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="the device --measure times the roles on (cuda or cpu)")
@@ -144,8 +156,17 @@ def run(args: argparse.Namespace) -> int:
                             link_gbs=args.link_gbs)
     if not hardware.peak_flops > 0 or not hardware.memory_gib > 0:
         raise DraftlineError("give the GPU's numbers: --gpu NAME, or --gpu-memory-gib and --gpu-peak-tflops")
+    if args.target_parallel is not None:
+        if not 1 <= args.target_parallel <= num_gpus:
+            raise DraftlineError(f"--target-parallel {args.target_parallel}: a target group needs 1 to the node's "
+                                 f"{num_gpus} GPUs (--gpus)")
+        check_group_size(model.target_file_config, args.target_parallel, where="--target-parallel")
+        if args.measure and args.target_parallel > 1:
+            raise DraftlineError("--measure times a whole target on this machine's one GPU; plan --target-parallel "
+                                 f"{args.target_parallel} from the FLOP model (drop --measure)")
     print(f"planning for {num_gpus} x {hardware.name}: {format_flops(hardware.peak_flops)}/s dense bf16, "
-          f"{hardware.memory_gib:.0f} GiB each, {hardware.link_gbs:.0f} GB/s between GPUs ({hardware.link_source})")
+          f"{hardware.memory_gib:.0f} GiB each, {hardware.link_gbs:.0f} GB/s between GPUs "
+          f"({link_kind(hardware.link_gbs)}; {hardware.link_source})")
     print(_describe_layers(model))
     mean_length = float(lengths.mean())
     t_flops, d_flops = per_sample_flops(model.target_shape, model.drafter_shape, lengths, args.max_anchors)
@@ -163,28 +184,52 @@ def run(args: argparse.Namespace) -> int:
                           len(model.layer_ids) + int(model.final_hidden), args.q_hs)
     min_budget = int(lengths.max()) if args.data else 4096
 
-    def layouts_at(r, anchors=args.max_anchors):
-        return plan_layouts(num_gpus, r, hardware, inputs, token_budget=args.token_budget,
-                            max_query_rows=args.max_query_rows, mean_length=mean_length,
-                            passes_per_sample=lambda rows: passes_per_sample(lengths, anchors, model.block_size, rows),
-                            headroom_gib=args.memory_headroom_gib, min_budget=min_budget)
+    groups = _Groups(model, lengths, mean_length, hardware, t_flops)
 
-    layouts = layouts_at(rates)
+    def layouts_at(r, anchors=args.max_anchors, sizes=(1,)):
+        out = []
+        for k in sizes:
+            rates_k, traffic, link_share = groups.rates(r, k)
+            out += plan_layouts(num_gpus, rates_k, hardware, groups.inputs(inputs, k), token_budget=args.token_budget,
+                                max_query_rows=args.max_query_rows, mean_length=mean_length,
+                                passes_per_sample=lambda rows: passes_per_sample(lengths, anchors, model.block_size,
+                                                                                 rows),
+                                headroom_gib=args.memory_headroom_gib, min_budget=min_budget, target_parallel=k,
+                                traffic=traffic, link_share=link_share)
+        return sorted(out, key=lambda layout: (not layout.fits, -layout.samples_s))
+
+    sizes = (args.target_parallel,) if args.target_parallel else tuple(group_sizes(model.target_file_config, num_gpus))
+    layouts = layouts_at(rates, sizes=sizes)
+    if max(sizes) > 1:
+        print(f"target groups (--target-parallel) of {', '.join(str(k) for k in sizes if k > 1)} ranks, the target split "
+              "by transformers' plans:")
+        for k in sizes:
+            if k > 1:
+                print("  " + groups.describe(k))
+    if 1 in sizes and not any(layout.fits for layout in layouts if layout.target_parallel == 1):
+        print("no layout fits with a whole target per GPU: a target group splits it")
     print(f"\nlayouts of {num_gpus} GPUs, best first (memory per GPU at the largest budget that fits "
           f"{hardware.memory_gib - args.memory_headroom_gib:.0f} GiB, up to --token-budget {args.token_budget}):")
-    print(f"  {'layout':<24} {'Ktok/s':>7}  {'budget':>7} {'rows':>6}  {'target GiB':>10} {'drafter GiB':>11}  who waits")
-    for layout in layouts:
+    print(f"  {'layout':<34} {'Ktok/s':>7}  {'budget':>7} {'rows':>6}  {'target GiB':>10} {'drafter GiB':>11}  who waits")
+    shown = [layout for layout in layouts if layout.target_parallel == 1 or layout.fits]
+    hidden = len(layouts) - len(shown)
+    for layout in shown:
         target = f"{layout.memory_target.total:.1f}" if layout.memory_target else "-"
         drafter = "(same GPU)" if layout.colocated else f"{layout.memory_drafter.total:.1f}"
-        print(f"  {layout.name():<24} {layout.ktok_s:>7.1f}  {layout.token_budget:>7} {layout.max_query_rows:>6}  "
+        print(f"  {layout.name():<34} {layout.ktok_s:>7.1f}  {layout.token_budget:>7} {layout.max_query_rows:>6}  "
               f"{target:>10} {drafter:>11}  {layout.waiting}{'' if layout.fits else '; does not fit'}")
+    if hidden:
+        print(f"  ({hidden} layout{'s' if hidden > 1 else ''} with target groups that do not fit left out here; "
+              "--json lists every layout)")
     best = layouts[0]
     record = {"hardware": {"name": hardware.name, "peak_tflops": hardware.peak_flops / 1e12,
-                           "memory_gib": hardware.memory_gib, "link_gbs": hardware.link_gbs},
+                           "memory_gib": hardware.memory_gib, "link_gbs": hardware.link_gbs,
+                           "link": link_kind(hardware.link_gbs), "link_source": hardware.link_source},
               "source": rates.source, "layouts": [layout.to_record() for layout in layouts]}
     if not best.fits:
-        print(f"\nnothing fits: the target or the drafter alone exceeds one GPU's {hardware.memory_gib:.0f} GiB; use "
-              "more GPUs for the drafters (their state is sharded), GPUs with more memory, or fewer --draft-layers")
+        split = f" (even split over target groups of up to {max(sizes)} ranks)" if max(sizes) > 1 else ""
+        print(f"\nnothing fits: the target or the drafter alone exceeds one GPU's {hardware.memory_gib:.0f} GiB{split}; "
+              "use more GPUs for the drafters (their state is sharded), GPUs with more memory, or fewer --draft-layers")
         record["recommended"] = None
     else:
         launch = ["--gpus", str(num_gpus)] if num_gpus > 1 else []
@@ -195,22 +240,65 @@ def run(args: argparse.Namespace) -> int:
                    "--max-anchors", str(args.max_anchors), "--target", str(args.target), "--data", "DATA", "--out", "RUN"]
         print(f"\nrecommended: {best.name()} at {best.ktok_s:.1f} Ktok/s ({best.samples_s:.2f} samples/s):\n  "
               + " ".join(command))
-        _describe_memory(best)
+        _describe_memory(best, hardware)
         record["recommended"] = {**best.to_record(), "command": " ".join(command)}
-        record["anchors"] = _anchor_sweep(args, model, rates, lengths, layouts_at, best)
+        record["anchors"] = _anchor_sweep(args, model, rates, lengths,
+                                          lambda r, a: layouts_at(r, a, sizes=(best.target_parallel,)), best)
     if args.json:
         args.json.write_text(json.dumps(record, indent=2) + "\n")
         print(f"\nwrote {args.json}")
     return 0
 
 
-def _describe_memory(layout) -> None:
+def _describe_memory(layout, hardware) -> None:
+    k = layout.target_parallel
+    share = f"1/{k} of the target" if k > 1 else "its target"
     if layout.colocated:
-        print(f"  memory per GPU: {layout.memory_target.describe()} (its target and its 1/{layout.drafters} of the "
+        print(f"  memory per GPU: {layout.memory_target.describe()} ({share} and its 1/{layout.drafters} of the "
               "drafter's state)")
     else:
-        print(f"  memory per target GPU: {layout.memory_target.describe()}")
+        sender = f"; {share}, the outbox on the group's sending rank" if k > 1 else ""
+        print(f"  memory per target GPU: {layout.memory_target.describe()}{sender}")
         print(f"  memory per drafter GPU: {layout.memory_drafter.describe()} (state sharded over {layout.drafters})")
+    if k > 1:
+        traffic = layout.to_record()["link_traffic"]
+        print(f"  target groups of {k}: {traffic['gb_s_per_gpu']:.1f} GB/s per GPU over {link_kind(hardware.link_gbs)} "
+              f"at this rate, {traffic['share_of_target_time']:.0%} of a group's time on the link "
+              f"(assumed {hardware.link_gbs:.0f} GB/s, not overlapped with compute)")
+
+
+class _Groups:
+    """The plan's target groups: one rank's share of the target, its rates and its link traffic, per group size."""
+
+    def __init__(self, model: ModelSpec, lengths, mean_length: float, hardware, flops_whole: float):
+        self.model, self.lengths, self.mean_length, self.hardware = model, lengths, mean_length, hardware
+        self.flops_whole = flops_whole
+
+    def shape(self, k: int):
+        return rank_shape(self.model.target_shape, self.model.target_file_config, k)
+
+    def traffic(self, k: int):
+        return group_traffic(self.model.target_shape, self.model.target_file_config, self.model.layers_run, k)
+
+    def inputs(self, inputs: MemoryInputs, k: int) -> MemoryInputs:
+        return inputs if k == 1 else dataclasses.replace(inputs, target_shape=self.shape(k))
+
+    def rates(self, rates, k: int):
+        """(per-GPU rates for groups of ``k``, the group's traffic, the share of its time on the link)."""
+        if k == 1:
+            return rates, None, 0.0
+        flops_rank, _ = per_sample_flops(self.shape(k), self.model.drafter_shape, self.lengths, 1)
+        traffic = self.traffic(k)
+        rates_k, link_share = group_rates(rates, k, self.flops_whole, flops_rank, traffic, self.mean_length,
+                                          self.hardware.link_gbs)
+        return rates_k, traffic, link_share
+
+    def describe(self, k: int) -> str:
+        traffic = self.traffic(k)
+        weights = self.shape(k).with_layers_run(self.model.layers_run).params() * 2 / 2**30
+        per_token = traffic.seconds_per_token(self.hardware.link_gbs) * 1e6
+        return (f"groups of {k}: {weights:.1f} GiB of the target's weights per rank; {traffic.describe(self.model.hidden_size)}; "
+                f"{per_token:.1f} us per token at {self.hardware.link_gbs:.0f} GB/s ({link_kind(self.hardware.link_gbs)})")
 
 
 def _anchor_sweep(args, model, rates, lengths, layouts_at, best) -> list[dict]:

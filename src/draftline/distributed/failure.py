@@ -84,6 +84,10 @@ def fail(exc: BaseException, ctx: FailureContext) -> int:
         if ctx.writes_report:
             _log_end(ctx, str(exc))
         return 1 if isinstance(exc, MachineError) else 2
+    if not isinstance(exc, RunAborted) and not ctx.role.is_drafter and ctx.store is not None and _run_over(ctx.store):
+        # A target's error after the drafters ended the run is the echo of that end (a rank of a target group whose
+        # peer stopped in the middle of their agreement): a clean stop, as a wait that saw it.
+        return 0
     if isinstance(exc, RunAborted):
         message = str(exc)
     else:

@@ -51,18 +51,21 @@ class RankInfo:
     gpu: str
     pid: int
     node: int = 0  # torchrun's GROUP_RANK: the launcher (node) this rank runs under
+    group: str = ""
+    """Its place in a target group ("target group 1, its rank 0 of 2"; "" with one rank per target)."""
 
     def describe(self) -> str:
-        return f"{self.role} rank {self.rank} (host {self.host}, {self.gpu}, pid {self.pid})"
+        group = f"{self.group}; " if self.group else ""
+        return f"{self.role} rank {self.rank} ({group}host {self.host}, {self.gpu}, pid {self.pid})"
 
 
-def local_rank_info(rank: int, role: str, device: torch.device) -> RankInfo:
+def local_rank_info(rank: int, role: str, device: torch.device, group: str = "") -> RankInfo:
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         gpu = f"GPU {index} {torch.cuda.get_device_name(index)}"
     else:
         gpu = "CPU"
-    return RankInfo(rank, role, socket.gethostname(), gpu, os.getpid(), int(os.environ.get("GROUP_RANK", "0")))
+    return RankInfo(rank, role, socket.gethostname(), gpu, os.getpid(), int(os.environ.get("GROUP_RANK", "0")), group)
 
 
 STORE_NODE = 0

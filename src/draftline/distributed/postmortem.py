@@ -63,7 +63,8 @@ def name_failed_rank(run_dir: Path, rank: int, failure, started: float) -> str:
     record = run_dir / run_files.RANKS / run_files.rank_file(rank)
     try:
         info = json.loads(record.read_text())
-        name = f"{info['role']} rank {rank} (host {info['host']}, {info['gpu']}, pid {info['pid']})"
+        group = f"{info['group']}; " if info.get("group") else ""
+        name = f"{info['role']} rank {rank} ({group}host {info['host']}, {info['gpu']}, pid {info['pid']})"
     except (OSError, ValueError, KeyError):
         pass
     message = f"{name} died ({how})"

@@ -47,10 +47,12 @@ class InTrainingEvaluation:
     (``build_drafter`` for the sharded copy, ``proposer`` for decoding); ``target``: the target's
     directory; ``dataset``: the prepared dataset, whose held-out prompts are measured unless
     ``config.eval_prompts`` names a file; ``device``/``dtype``: where and in what the first drafter decodes;
-    ``target_worker``: colocated, the target thread whose copy decodes (paused meanwhile)."""
+    ``target_worker``: colocated, the target thread whose copy decodes (paused meanwhile); ``unavailable``: why
+    nothing is measured in this run (a target split over a target group: no rank holds a copy that can decode)."""
 
     def __init__(self, config: MonitorConfig, *, total_steps: int, drafter_config, method, target: str, dataset,
-                 device: torch.device, dtype: torch.dtype, group: DrafterGroup, logger, target_worker=None):
+                 device: torch.device, dtype: torch.dtype, group: DrafterGroup, logger, target_worker=None,
+                 unavailable: str | None = None):
         self.config = config
         self.total_steps = total_steps
         self.drafter_config = drafter_config
@@ -62,7 +64,9 @@ class InTrainingEvaluation:
         self.logger = logger
         self.target_worker = target_worker  # colocated: decode with its copy
         self.every = eval_interval(config.eval_every, total_steps)
-        self.enabled = True
+        self.unavailable = unavailable
+        """Why this run measures nothing (no copy of the target can decode beside the drafter), or None."""
+        self.enabled = unavailable is None
         self._prompts: list[list[int]] | None = None  # every prompt either measurement uses
         self._target = None
         self._copy: DFlashDrafter | None = None  # sharded: the whole drafter, on the first drafter
@@ -94,6 +98,8 @@ class InTrainingEvaluation:
 
     def final(self, drafter, step: int) -> dict | None:
         """The end of the run's measurement, on the prompts and length ``draftline eval`` uses."""
+        if self.unavailable is not None:
+            return None
         summary = self._measure(drafter, step, final=True)
         if self.group.several:
             self.group.barrier()

@@ -116,6 +116,7 @@ class TargetFeatures:
         (``model/target_parallel.py``; every rank of the group builds it, and each then returns the same features)."""
         device = torch.device(device)
         self.layer_ids = list(layer_ids)
+        self.target_dir = target_dir
         config = copy.deepcopy(config) if config is not None else load_target_config(target_dir)
         self.group_size = torch.distributed.get_world_size(group) if group is not None else 1
         target_parallel.check_group_size(config, self.group_size)
@@ -154,6 +155,7 @@ class TargetFeatures:
         """Wrap an in-memory causal LM (benchmarks, tests); drops the unused layers unless told not to."""
         self = cls.__new__(cls)
         self.layer_ids = list(layer_ids)
+        self.target_dir = None
         self.group_size = 1
         text = text_config(model.config)
         self._set_layers(int(text.num_hidden_layers), final_hidden)
@@ -183,6 +185,7 @@ class TargetFeatures:
         for layer_id in set(self._outputs):
             self.decoder.layers[layer_id].register_forward_hook(self._hook(layer_id))
         self.hybrid = hybrid
+        self._whole: tuple[torch.Tensor, torch.Tensor] | None = None  # a split target's embedding and head, unsplit
         self._kernels = None
         if self.hybrid and self.packed:
             for layer in self.decoder.layers:
@@ -295,12 +298,38 @@ class TargetFeatures:
         fused = self._fuse(self._run(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device)))
         return fused.reshape(rows * longest, -1)[keep]
 
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the input embedding (a split target's too: a DTensor's shape is the whole tensor's)."""
+        return int(self.model.get_input_embeddings().weight.shape[0])
+
     def embed_weight(self) -> torch.Tensor:
+        """The input embedding [V, H], whole (a split target's is read unsplit from its checkpoint, once)."""
+        if self.group_size > 1:
+            return self._unsplit()[0]
         return self.model.get_input_embeddings().weight
 
     def head_weight(self) -> torch.Tensor:
+        """The LM head [V, H], whole (the embedding when tied; a split target's is read unsplit, once)."""
+        if self.group_size > 1:
+            return self._unsplit()[1]
         head = self.model.get_output_embeddings()
         return head.weight if head is not None else self.embed_weight()
+
+    def _unsplit(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A target split by its heads holds 1/K of the vocabulary's rows of its embedding and head on each rank
+        (DTensors). Gathering them would be a collective that every rank of the group must enter at once; reading them
+        from the checkpoint lets one rank ask alone (a colocated drafter's objective, soft labels). Split by its
+        experts alone, it holds them whole: those are returned."""
+        if self._whole is None:
+            weight = self.model.get_input_embeddings().weight
+            head = self.model.get_output_embeddings()
+            head = head.weight if head is not None else weight
+            if not hasattr(weight, "to_local") and not hasattr(head, "to_local"):
+                self._whole = (weight, head)  # split by its experts alone: the embedding and head are whole here
+            else:
+                self._whole = load_embedding_and_head(self.target_dir, device=self.device, dtype=weight.dtype)
+        return self._whole
 
 
 def _safetensors_index(target_dir: Path) -> dict[str, Path]:

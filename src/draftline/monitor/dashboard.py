@@ -103,12 +103,12 @@ def balance_advice(status: LineStatus) -> str:
         return (f"{side} wait {wait:.0%} of the time; the ranks share this host's {status.cpu_cores} CPU cores, so "
                 f"another split adds no compute: --colocated (--gpus {status.cpu_cores}, each process a target and "
                 "a drafter) keeps every core at work")
-    t, d = status.num_targets, status.num_drafters
+    t, d, k = status.num_targets, status.num_drafters, status.target_parallel  # target ranks move by whole groups
     if drafter_waits:
-        move = f"--targets {t + 1} --drafters {d - 1}" if t and d and d > 1 else "add target ranks"
+        move = f"--targets {t + k} --drafters {d - k}" if t and d and d > k else "add target ranks"
         return f"drafters wait {drafter:.0%} of the time (q_hs empty): {move}, or raise --max-anchors"
     if target_waits:
-        move = f"--targets {t - 1} --drafters {d + 1}" if t and d and t > 1 else "add drafter ranks"
+        move = f"--targets {t - k} --drafters {d + k}" if t and d and t > k else "add drafter ranks"
         return f"targets wait {target:.0%} of the time (q_hs full): {move}, or lower --max-anchors"
     return f"balanced: targets wait {target:.0%}, drafters {drafter:.0%} of the time"
 

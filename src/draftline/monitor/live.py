@@ -90,6 +90,7 @@ class LineMonitor:
         progress,
         trace_dir=None,
         cpu_cores: int | None = None,
+        target_parallel: int = 1,
         objective=None,
     ):
         """``progress``: the run's (``pipeline.progress.Progress``: the tokens, samples and skipped steps shown
@@ -98,6 +99,7 @@ class LineMonitor:
         records as they are); None: the DFlash objective's at ``block_size``."""
         self.health = health
         self.cpu_cores = cpu_cores  # CPU ranks: the host's cores they share (the advice says so)
+        self.target_parallel = target_parallel  # target ranks per group: the advice moves whole groups
         self.trace_dir = trace_dir  # engine.trace: each step's loss in trace/steps.jsonl
         self.logger = logger
         self.dashboard = dashboard
@@ -246,6 +248,7 @@ class LineMonitor:
             num_drafters=len(drafters) or None,
             colocated=self._colocated,
             cpu_cores=self.cpu_cores,
+            target_parallel=self.target_parallel,
             elapsed_s=time.time() - self.started,
             q_pre_capacity=self.q_pre_capacity,
             q_hs_capacity=self.q_hs_capacity,

@@ -93,6 +93,8 @@ class LineStatus:
     """Each rank runs a target and a drafter (one process, or --colocated): no split to rebalance."""
     cpu_cores: int | None = None
     """CPU ranks: the cores of the host they share (None on GPUs, where each rank has its own device)."""
+    target_parallel: int = 1
+    """Ranks per target group (--target-parallel): a split moves target ranks by whole groups."""
 
     time: float = field(default_factory=time.time)
     """Unix time of the snapshot."""

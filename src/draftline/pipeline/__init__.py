@@ -15,8 +15,9 @@
 Who waits on whom: a target waits for built batches (``q_pre``) and for room in its outbox
 (``q_hs``, freed as drafters claim and receive); a drafter waits for the features of the batches of
 its share of a step and, sharded, for the other drafters at each pass's gathers and at the step's
-all-reduce; ranks 1.. wait for rank 0's setup. Every wait polls ``Health.check``
-(``distributed.waits``), so a failure anywhere ends them all.
+all-reduce; the ranks of a target group (``--target-parallel``) wait for each other before each batch
+(``distributed.target_group``) and inside its forward; ranks 1.. wait for rank 0's setup. Every wait polls
+``Health.check`` (``distributed.waits``), so a failure anywhere ends them all.
 
 The modules here are the line's own: ``run`` (the entry point), ``spec`` (the run resolved once),
 ``build`` (the one builder of the workers), ``line`` (a process's part), ``loop`` (the drafter's loop),

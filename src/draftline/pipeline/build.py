@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import torch
 
+from draftline.config import resolved_loss
 from draftline.distributed.health import Health
-from draftline.distributed.roles import drafter_seqs
+from draftline.distributed.roles import drafter_seqs, group_seqs
 from draftline.distributed.shard import DrafterGroup
+from draftline.distributed.target_group import TargetGroup
 from draftline.errors import DraftlineError
 from draftline.evaluate.during_training import InTrainingEvaluation
 from draftline.model.drafter import DFlashDrafter, checkpoint_layers
@@ -27,13 +29,18 @@ from draftline.pipeline.target_worker import Prefetcher, TargetWorker
 
 
 # ------------------------------------------------------------------------------------------ target
-def build_target(spec: RunSpec) -> TargetFeatures:
-    """The frozen target that computes the drafter's features on this rank (compiled on CUDA)."""
-    keep_all = spec.colocated and spec.role.is_logging  # the same copy decodes for evaluation
+def build_target(spec: RunSpec, group: TargetGroup | None = None) -> TargetFeatures:
+    """The frozen target that computes the drafter's features on this rank (compiled on CUDA); ``group``: this rank's
+    target group, whose ranks split the target among them (None: the whole target here)."""
+    # The same copy decodes for evaluation (colocated, one rank per target: a split target does not evaluate).
+    keep_all = spec.colocated and spec.role.is_logging and group is None
     target = TargetFeatures(spec.model.target, list(spec.model.layer_ids), device=spec.device, dtype=spec.dtype,
                             keep_all_layers=keep_all, final_hidden=spec.model.final_hidden,
-                            config=spec.model.target_file_config)
-    if spec.config.engine.compile and spec.device.type == "cuda":
+                            config=spec.model.target_file_config,
+                            group=group.device_group if group is not None else None)
+    # A split target runs eager: its layers' forwards hold transformers' tensor-parallel hooks and all-reduces, which
+    # compile_target's whole-layer compilation has not been checked against on GPUs.
+    if spec.config.engine.compile and spec.device.type == "cuda" and group is None:
         from draftline.model.fused import compile_target
 
         compile_target(target)  # fused norms, RoPE, SwiGLU and residuals around the matmuls
@@ -42,31 +49,47 @@ def build_target(spec: RunSpec) -> TargetFeatures:
 
 def target_seqs(spec: RunSpec):
     """The batch numbers this rank's target computes, in order: colocated, exactly the ones its own drafter
-    trains; else every ``num_targets``-th."""
+    trains (in a target group, those of the group's drafters: every rank of a group computes the same ones); else
+    every ``num_target_groups``-th (one rank per target: every ``num_targets``-th)."""
     plan, role = spec.data, spec.role
+    if spec.colocated and role.target_parallel > 1:
+        return group_seqs(spec.start_step, spec.total_steps, spec.batches_per_step, plan.end_seq,
+                          role.group_ranks(role.target_group), role.num_drafters)
     if spec.colocated:
         return drafter_seqs(spec.start_step, spec.total_steps, spec.batches_per_step, plan.end_seq, role.index,
                             role.num_drafters)
-    return (b.seq for b in plan.schedule.batches(spec.start_seq, role.index, role.num_targets) if b.seq < plan.end_seq)
+    return (b.seq for b in plan.schedule.batches(spec.start_seq, role.target_group, role.num_target_groups)
+            if b.seq < plan.end_seq)
 
 
-def build_target_worker(spec: RunSpec, target: TargetFeatures, sender, health: Health, *, on_batch=None) -> TargetWorker:
-    """The target role's loop: prefetch this rank's batches, run the target, hand the features to ``sender``."""
+def build_target_worker(spec: RunSpec, target: TargetFeatures, sender, health: Health, *, on_batch=None,
+                        group: TargetGroup | None = None) -> TargetWorker:
+    """The target role's loop: prefetch this rank's batches, run the target, hand the features to ``sender``
+    (``group``: this rank's target group, whose ranks agree on each batch before its forward)."""
     prefetcher = Prefetcher(target_seqs(spec), spec.data.batch, spec.config.topology.q_pre, health)
     return TargetWorker(features=target, prefetcher=prefetcher, sender=sender, health=health,
                         shape=spec.model.target_shape, layers_run=target.layers_run, on_batch=on_batch,
-                        device=spec.device)
+                        device=spec.device, group=group)
 
 
 # ------------------------------------------------------------------------------------------ evaluation
+SPLIT_TARGET_EVALUATION = (
+    "not measured during training: the target is split over target groups (--target-parallel), so no rank holds a "
+    "copy that can decode beside the drafter; measure the exported drafter with `draftline eval` where one GPU holds "
+    "the target, or in a serving engine that runs it tensor-parallel (the drafter's model card has the commands)")
+
+
 def build_evaluation(spec: RunSpec, group: DrafterGroup, logger, *, target_worker=None) -> InTrainingEvaluation:
     """The measurements of acceptance during training (``target_worker``: colocated, the thread whose target
-    copy decodes)."""
+    copy decodes; none with a split target)."""
+    split = spec.role.target_parallel > 1
     return InTrainingEvaluation(spec.config.monitor, total_steps=spec.total_steps,
                                 drafter_config=spec.model.drafter_config, method=spec.model.method,
                                 target=spec.model.target,
                                 dataset=spec.data.dataset if spec.data is not None else None, device=spec.device,
-                                dtype=spec.dtype, group=group, logger=logger, target_worker=target_worker)
+                                dtype=spec.dtype, group=group, logger=logger,
+                                target_worker=None if split else target_worker,
+                                unavailable=SPLIT_TARGET_EVALUATION if split else None)
 
 
 # ------------------------------------------------------------------------------------------ drafter
@@ -91,7 +114,7 @@ def build_objective(spec: RunSpec, drafter: DFlashDrafter, embed: torch.Tensor, 
     c = spec.config
     settings = ObjectiveSettings(max_anchors=c.data.max_anchors, head_chunk_rows=c.engine.head_chunk_rows,
                                  attention=c.engine.attention, seed=c.data.seed, gamma=c.optim.loss_gamma,
-                                 distill=c.optim.distill, loss=c.optim.loss, dpace_alpha=c.optim.dpace_alpha)
+                                 distill=c.optim.distill, loss=resolved_loss(c), dpace_alpha=c.optim.dpace_alpha)
     return spec.model.method.objective(drafter, embed, head, settings)
 
 

@@ -26,6 +26,7 @@ from draftline.distributed.failure import FailureContext
 from draftline.distributed.health import Health
 from draftline.distributed.shard import DrafterGroup, local_tensor
 from draftline.distributed.signals import StopSignals
+from draftline.distributed.target_group import TargetGroup
 from draftline.evaluate.during_training import InTrainingEvaluation
 from draftline.model.target import TargetFeatures
 from draftline.monitor.dashboard import Dashboard
@@ -33,7 +34,9 @@ from draftline.monitor.gpu import device_stats
 from draftline.monitor.live import DrafterPublisher, LineMonitor, write_trace
 from draftline.monitor.loggers import NullLogger, open_loggers
 from draftline.pipeline import loop
-from draftline.pipeline.build import build_drafter_worker, build_evaluation, build_target, build_target_worker
+from draftline.pipeline.build import (
+    SPLIT_TARGET_EVALUATION, build_drafter_worker, build_evaluation, build_target, build_target_worker,
+)
 from draftline.pipeline.drafter_worker import DrafterWorker
 from draftline.pipeline.spec import RunSpec
 from draftline.pipeline.target_worker import TargetWorker, run_target_thread
@@ -45,11 +48,14 @@ class Line:
     """This process's part of the run (see the module docstring)."""
 
     def __init__(self, spec: RunSpec, health: Health, store, group: DrafterGroup, signals: StopSignals,
-                 resume_note: str | None = None):
+                 resume_note: str | None = None, target_group: TargetGroup | None = None):
+        """``group``: the drafters' groups; ``target_group``: this rank's target group (None: a whole target per
+        rank, or no target here)."""
         self.spec = spec
         self.health = health
         self.store = store
         self.group = group
+        self.target_group = target_group
         self.signals = signals
         self.resume_note = resume_note
         self.logger = NullLogger()
@@ -79,9 +85,11 @@ class Line:
             role, self.health, q_hs=spec.config.topology.q_hs, store=self.store,
             drafter_seqs=(s for step in range(spec.start_step, spec.total_steps) for s in spec.drafter_seqs(step)),
             batch_for=spec.data.batch, feature_width=spec.model.feature_width, device=spec.device, dtype=spec.dtype,
+            batches_per_step=spec.batches_per_step,
         )
         if role.is_target:
-            self.target_worker = build_target_worker(spec, target, sender, self.health, on_batch=self._after_target_batch)
+            self.target_worker = build_target_worker(spec, target, sender, self.health, on_batch=self._after_target_batch,
+                                                     group=self.target_group)
         if role.is_drafter:
             c = spec.config.checkpoint
             self.checkpointer = CheckpointManager(
@@ -172,12 +180,17 @@ class Line:
 
     # ------------------------------------------------------------------ builders
     def _build_target(self) -> TargetFeatures:
-        target = build_target(self.spec)
+        if self.target_group is not None:
+            # Its forward's all-reduces poll nothing: after a failure elsewhere (a peer of the group that died inside
+            # one), this rank ends itself if its main thread does not reach the failure handler.
+            self.health.exit_if_stuck(15.0)
+        target = build_target(self.spec, self.target_group)
         self.health.watch(target.decoder.layers)
         if self.spec.config.engine.preflight and self.spec.device.type == "cuda":
             from draftline.sizing.preflight import preflight_target
 
-            self.target_preflight = preflight_target(self.spec, target, self.health.info.describe())
+            self.target_preflight = preflight_target(self.spec, target, self.health.info.describe(),
+                                                     group=self.target_group)
         return target
 
     def _build_drafter(self, target: TargetFeatures | None) -> None:
@@ -221,7 +234,8 @@ class Line:
             q_pre_capacity=c.topology.q_pre, interval_s=c.monitor.interval_s,
             q_hs_capacity=c.topology.q_hs * (spec.role.num_targets if spec.colocated else 1),
             progress=self.worker.progress, trace_dir=spec.run_dir / run_files.TRACE if c.engine.trace else None,
-            cpu_cores=usable_cores() if spec.device.type == "cpu" else None, objective=self.worker.objective,
+            cpu_cores=usable_cores() if spec.device.type == "cpu" else None,
+            target_parallel=spec.role.target_parallel, objective=self.worker.objective,
         )
         rundir.log_start(c, rundir.StartDecision(spec.mode, Path(spec.checkpoint) if spec.checkpoint else None),
                          step=spec.start_step, world_size=spec.env.world_size, topology=self.topology())
@@ -233,11 +247,17 @@ class Line:
     def _after_target_batch(self, worker: TargetWorker) -> None:
         c = worker.counters
         sender = worker.sender
-        self.health.stats.update("target", {
+        record = {
             "batches": c.batches, "tokens": c.tokens, "flops": c.flops,
             "wait_data_s": c.wait_data_s, "wait_drafters_s": c.wait_drafters_s,
             "q_pre": worker.prefetcher.depth(), "q_hs": sender.depth(),
-            "bytes_sent": getattr(sender, "bytes_sent", 0), "send_s": getattr(sender, "send_seconds", 0.0)})
+            "bytes_sent": getattr(sender, "bytes_sent", 0), "send_s": getattr(sender, "send_seconds", 0.0)}
+        k = self.spec.role.target_parallel
+        if k > 1:
+            # Every rank of a target group computes each of the group's batches, doing 1/K of its work: each counts
+            # its share, so the monitor's sums over the target ranks count each batch and its FLOPs once.
+            record.update(batches=c.batches / k, tokens=c.tokens / k, flops=c.flops / k)
+        self.health.stats.update("target", record)
         if not self.spec.colocated:
             self.health.stats.update("gpu", {**device_stats(self.spec.device).to_record(), "rank": self.spec.env.rank,
                                              "role": "target"})
@@ -271,6 +291,7 @@ class Line:
     def topology(self) -> dict:
         role = self.spec.role
         return {"targets": role.num_targets, "drafters": role.num_drafters, "colocated": self.spec.colocated,
+                "target_parallel": role.target_parallel,
                 "world_size": self.spec.env.world_size, "device": str(self.spec.device.type),
                 "sharded": self.group.sharded, "replicated": self.group.replicated}
 
@@ -281,12 +302,19 @@ class Line:
               + (f" from {spec.checkpoint} (step {spec.start_step})" if spec.checkpoint else ""))
         if self.resume_note:
             print(f"  resume: {self.resume_note}")
+        k = role.target_parallel
         if not spec.colocated:
-            layout = f"{role.num_targets} target(s) + {role.num_drafters} drafter(s)"
+            targets = (f"{role.num_targets} target(s)" if k == 1 else
+                       f"{role.num_target_groups} target(s) of {k} ranks each (tensor-parallel; ranks "
+                       f"{', '.join('-'.join(map(str, (g[0], g[-1]))) for g in role.all_target_groups())})")
+            layout = f"{targets} + {role.num_drafters} drafter(s)"
         elif spec.env.world_size == 1:
             layout = "target and drafter colocated on one device"
-        else:
+        elif k == 1:
             layout = f"{spec.env.world_size} ranks, each a target and a drafter (colocated)"
+        else:
+            layout = (f"{spec.env.world_size} ranks, each a drafter beside one rank of a target group of {k} "
+                      f"(colocated: {role.num_target_groups} target(s), tensor-parallel)")
         sharding = "" if role.num_drafters == 1 else (
             f"; the drafter replicated on the {role.num_drafters} drafters (gradients all-reduced)"
             if self.group.replicated else f"; the drafter's state sharded over the {role.num_drafters} drafters (FSDP2)")
@@ -302,5 +330,7 @@ class Line:
         print(f"  optimizer step: {spec.batches_per_step} batch(es); {spec.total_steps} steps"
               f"{' (--max-steps)' if c.optim.max_steps else ''}; lr {c.optim.lr} cosine, "
               f"warmup {round(c.optim.warmup_ratio * spec.total_steps)} steps")
+        if k > 1:
+            print(f"  acceptance: {SPLIT_TARGET_EVALUATION}")
         print(f"  queues: q_pre {c.topology.q_pre} per target, q_hs {c.topology.q_hs}; "
               f"checkpoints every {c.checkpoint.every_steps} steps / {c.checkpoint.every_minutes} min, keep {c.checkpoint.keep}")

@@ -231,10 +231,14 @@ class DistEnv:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int | None = None
+    """Ranks on this node (torchrun's LOCAL_WORLD_SIZE); None: all of them."""
 
     @classmethod
     def from_environ(cls) -> "DistEnv":
-        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)),
+                   int(local) if local else None)
 
 
 def pick_device(config: TrainConfig, local_rank: int) -> torch.device:

@@ -3,6 +3,11 @@
 A prefetch thread builds this target's batches (``seq = t, t + T, t + 2T, ...``) from the dataset
 into ``q_pre``, so the GPU never waits on the host; the main loop runs the frozen target on each and
 hands the features to the transport, which blocks when the hidden-state queue is full.
+
+In a target group (``--target-parallel`` K > 1) every rank of the group builds the same batches from its own copy
+of the dataset (nothing is broadcast: the batch plan is deterministic), agrees with the others on each batch
+(``TargetGroup.agree_next``) and runs its part of the forward; each rank ends with the same features, which its
+sender hands on (the group's first rank to the drafters; colocated, each rank its own drafter's batches).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 from draftline.data.batch import PackedBatch
 from draftline.distributed.health import Health, RunAborted
 from draftline.distributed.memory import OutOfMemoryContext, out_of_memory_context
+from draftline.distributed.target_group import TargetGroup
 from draftline.distributed.waits import queue_get
 from draftline.pipeline.transport import FeatureSender
 from draftline.sizing.flops import target_flops
@@ -77,7 +83,10 @@ class Prefetcher:
 
 class TargetWorker:
     def __init__(self, *, features, prefetcher: Prefetcher, sender: FeatureSender, health: Health,
-                 shape: TargetShape, layers_run: int, on_batch=None, device: torch.device | None = None):
+                 shape: TargetShape, layers_run: int, on_batch=None, device: torch.device | None = None,
+                 group: TargetGroup | None = None):
+        """``group``: this rank's target group (``--target-parallel`` K > 1), whose ranks agree on each batch before
+        running it together; None with one rank per target (nothing agreed)."""
         self.features = features
         self.prefetcher = prefetcher
         self.sender = sender
@@ -86,6 +95,7 @@ class TargetWorker:
         self.layers_run = layers_run
         self.on_batch = on_batch
         self.device = device
+        self.group = group
         self.counters = TargetCounters()
         # Held during each feature pass: the colocated evaluation decodes with the same model.
         self.model_lock = threading.Lock()
@@ -112,6 +122,8 @@ class TargetWorker:
         while True:
             batch, waited = self.prefetcher.get()
             self.counters.wait_data_s += waited
+            if self.group is not None:  # a stopped peer ends this wait (it polls health), not a forward's all-reduce
+                self.counters.wait_drafters_s += self.group.agree_next(None if batch is None else batch.index)
             if batch is None:
                 break
             start = time.perf_counter()

@@ -12,10 +12,18 @@
 
 Only the features travel: the drafter rebuilds batch ``seq`` (tokens, loss mask, documents) from
 its own copy of the dataset and the deterministic batch schedule.
+
+A target group (``--target-parallel`` K > 1) sends from one rank: every rank of the group ends its forward with the
+same features, and its first rank sends them as a target alone does; the others drop theirs (``GroupShareSender``).
+One sender keeps the transport of a rank per target unchanged (one claim, one send per batch, the drafter's receive
+as before); sending K disjoint column slices from the K ranks would split a send's time by K over links that the
+target's own all-reduces already use, a gain that only a measurement on the GPUs could show, and would cost K
+claims, K receives and a concatenation per batch on the drafter.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -29,7 +37,7 @@ from draftline.data.batch import PackedBatch
 from draftline.distributed import keys
 from draftline.distributed.health import Health, RunAborted
 from draftline.distributed.memory import OutOfMemoryContext, out_of_memory_context
-from draftline.distributed.roles import COLOCATED, Role, producer_of
+from draftline.distributed.roles import COLOCATED, Role, drafter_of, producer_of
 from draftline.distributed.waits import queue_get, queue_put, wait_for, wait_work
 
 RECEIVE_PREFETCH = 2
@@ -260,6 +268,29 @@ class DistributedReceiver:
         pass
 
 
+# --------------------------------------------------------------------------- a target group's ranks
+class GroupShareSender:
+    """A rank of a target group hands on only the features it owns (every rank of the group computes the same ones):
+    colocated, those of its own drafter's batches (``keeps``) into its in-process channel; a rank other than its
+    group's sender, none (``inner`` None: the group's first rank sends them)."""
+
+    def __init__(self, inner: FeatureSender | None, keeps: Callable[[int], bool] = lambda seq: True):
+        self.inner = inner
+        self.keeps = keeps
+
+    def put(self, seq: int, features: torch.Tensor, batch: PackedBatch) -> float:
+        if self.inner is None or not self.keeps(seq):
+            return 0.0
+        return self.inner.put(seq, features, batch)
+
+    def finish(self) -> None:
+        if self.inner is not None:
+            self.inner.finish()
+
+    def depth(self) -> int:
+        return self.inner.depth() if self.inner is not None else 0
+
+
 # --------------------------------------------------------------------------- choosing one
 def open_transport(
     role: Role,
@@ -272,22 +303,35 @@ def open_transport(
     feature_width: int = 0,
     device: torch.device | None = None,
     dtype: torch.dtype | None = None,
+    batches_per_step: int = 1,
 ) -> tuple[FeatureSender | None, FeatureReceiver | None]:
     """The sending end (a target) and the receiving end (a drafter) this rank's role needs.
 
-    Colocated, one in-process channel is both ends. Otherwise a target gets an outbox of its share of
-    ``q_hs`` batches; a drafter claims ``drafter_seqs`` in the store and receives each batch from the
-    target that computes it (rebuilding the batch itself with ``batch_for``).
+    Colocated, one in-process channel is both ends (in a target group the channel takes only this rank's own
+    drafter's batches, of ``batches_per_step`` a step). Otherwise a target, or a target group's sending rank, gets
+    an outbox of its share of ``q_hs`` batches (the group's other ranks send nothing); a drafter claims
+    ``drafter_seqs`` in the store and receives each batch from the rank that sends it (rebuilding the batch itself
+    with ``batch_for``).
     """
     if role.kind == COLOCATED:
         channel = InProcessChannel(q_hs, health)
+        if role.target_parallel > 1:
+            own = functools.partial(_owned, batches_per_step=batches_per_step, role=role)
+            return GroupShareSender(channel, own), channel
         return channel, channel
     if role.is_target:
-        capacity = max(1, -(-q_hs // role.num_targets))
+        if not role.sends:
+            return GroupShareSender(None), None
+        capacity = max(1, -(-q_hs // role.num_target_groups))
         return DistributedSender(StoreClaims(store), capacity, health), None
     receiver = DistributedReceiver(
         StoreClaims(store, drafter_seqs), rank=role.rank,
-        target_rank=lambda seq: role.target_rank(producer_of(seq, role.num_targets)),
+        target_rank=lambda seq: role.sender_rank(producer_of(seq, role.num_target_groups)),
         prefetch=RECEIVE_PREFETCH, batch_for=batch_for, feature_width=feature_width, device=device, dtype=dtype, health=health,
     )
     return None, receiver
+
+
+def _owned(seq: int, *, batches_per_step: int, role: Role) -> bool:
+    """Whether batch ``seq`` is this colocated rank's own drafter's."""
+    return drafter_of(seq, batches_per_step, role.num_drafters) == role.index

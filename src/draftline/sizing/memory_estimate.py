@@ -134,9 +134,12 @@ def split_memory(inputs: MemoryInputs, targets: int, drafters: int, budget: int,
     return target, drafter + method_memory(inputs.drafter_shape, budget, rows, 3, num_shards=drafters)
 
 
-def colocated_memory(inputs: MemoryInputs, num_gpus: int, budget: int, rows: int) -> MemoryEstimate:
+def colocated_memory(inputs: MemoryInputs, num_gpus: int, budget: int, rows: int,
+                     shared_head: bool = True) -> MemoryEstimate:
     """A GPU's memory with its target (q_hs batches queued) and its drafter's shard (the target's embedding
-    and head shared)."""
+    and head shared; ``shared_head`` False: the target's are split over a target group, the drafter holds whole
+    copies)."""
     target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, inputs.q_hs)
-    return (target + drafter_memory(inputs.drafter_shape, budget, rows, 0, num_shards=num_gpus, frozen_weights=False)
+    return (target + drafter_memory(inputs.drafter_shape, budget, rows, 0, num_shards=num_gpus,
+                                    frozen_weights=not shared_head)
             + method_memory(inputs.drafter_shape, budget, rows, 0, num_shards=num_gpus))

@@ -17,6 +17,10 @@ One model, used by ``draftline plan`` and by ``train``'s default split (``defaul
 - Memory per GPU of each role (``memory_estimate``): weights, optimizer state, activations, queued
   features; a layout fits where the largest token budget (up to
   the one asked) and query rows fit every GPU. ``train``'s preflight then measures the real worst case.
+- Target groups (``--target-parallel K``, ``target_groups``): a target split over K ranks. One rank's share of the
+  model (``target_groups.rank_shape``) gives its FLOPs and its memory; the group's time per sample is that share's
+  compute plus the all-reduces' time over the link (``group_rates``); a layout's target ranks are whole groups
+  (T a multiple of K; colocated, N a multiple of K).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from draftline.sizing.flops import drafter_flops, target_flops
 from draftline.sizing.memory_estimate import MemoryEstimate, MemoryInputs, colocated_memory, split_memory, trained_params
 from draftline.sizing.peak import gpu_spec
 from draftline.sizing.shapes import LINEAR, DrafterShape, TargetShape
+from draftline.model.target_parallel import TENSOR
+from draftline.sizing.target_groups import GroupTraffic
 from draftline.sizing.workload import PROMPT_SHARE, reference_lengths, sampled_batches
 
 MEASURED_MFU = {
@@ -151,6 +157,20 @@ def splits(num_gpus: int, rates: RoleRates, drafter_s: Callable[[int], float] | 
     return sorted(out, key=lambda s: -s.samples_s)
 
 
+def group_rates(rates: RoleRates, k: int, flops_whole: float, flops_rank: float, traffic: GroupTraffic,
+                mean_length: float, link_gbs: float) -> tuple[RoleRates, float]:
+    """``rates`` (a whole target per GPU) for targets split over groups of ``k``: a group takes one rank's share of
+    the work per sample (``flops_rank`` of ``flops_whole``) plus its all-reduces over the link (no overlap). The
+    target rate returned is per GPU (the group's rate / k), so splits and the colocated rate read it as before; and
+    the share of the group's time spent on the link."""
+    if k == 1:
+        return rates, 0.0
+    compute = flops_rank / flops_whole / rates.target_samples_s
+    link = traffic.seconds_per_token(link_gbs) * mean_length
+    group_s = compute + link
+    return replace(rates, target_samples_s=1.0 / (k * group_s)), link / group_s
+
+
 def colocated_rate(num_gpus: int, rates: RoleRates, drafter_s: Callable[[int], float] | None = None) -> float:
     """Samples/s with a target and a drafter on every GPU (``--colocated``): each GPU does both jobs in turn.
     In this model it equals a perfectly balanced split and beats an unbalanced one; what it costs instead is
@@ -173,12 +193,26 @@ class Layout:
     memory_target: MemoryEstimate | None
     memory_drafter: MemoryEstimate | None
     waiting: str = ""
+    target_parallel: int = 1
+    """Ranks per target group (``targets`` counts their ranks)."""
+    traffic: GroupTraffic | None = None
+    """A target group's all-reduces per token (K > 1)."""
+    link_share: float = 0.0
+    """The share of a target group's time per sample spent on the link (K > 1)."""
 
     def name(self) -> str:
-        return f"{self.targets} x colocated" if self.colocated else f"{self.targets} targets + {self.drafters} drafters"
+        k = self.target_parallel
+        if self.colocated:
+            return f"{self.targets} x colocated" + (f", targets of {k} ranks" if k > 1 else "")
+        if k > 1:
+            groups = self.targets // k
+            return f"{groups} target{'s' if groups > 1 else ''} x {k} ranks + {self.drafters} drafters"
+        return f"{self.targets} targets + {self.drafters} drafters"
 
     def flags(self, requested_rows: int) -> list[str]:
         flags = ["--colocated"] if self.colocated else ["--targets", str(self.targets), "--drafters", str(self.drafters)]
+        if self.target_parallel > 1:
+            flags += ["--target-parallel", str(self.target_parallel)]
         flags += ["--token-budget", str(self.token_budget)]
         if self.max_query_rows < requested_rows:
             flags += ["--max-query-rows", str(self.max_query_rows)]
@@ -190,9 +224,20 @@ class Layout:
 
         memory = ({"target": gib(self.memory_target), "drafter": gib(self.memory_target)} if self.colocated
                   else {"target": gib(self.memory_target), "drafter": gib(self.memory_drafter)})
-        return {"targets": self.targets, "drafters": self.drafters, "colocated": self.colocated,
-                "ktok_s": round(self.ktok_s, 3), "fits": self.fits, "token_budget": self.token_budget,
-                "max_query_rows": self.max_query_rows, "memory_gib": memory}
+        record = {"targets": self.targets, "drafters": self.drafters, "colocated": self.colocated,
+                  "ktok_s": round(self.ktok_s, 3), "fits": self.fits, "token_budget": self.token_budget,
+                  "max_query_rows": self.max_query_rows, "memory_gib": memory,
+                  "target_parallel": self.target_parallel}
+        if self.traffic is not None and self.target_parallel > 1:
+            groups = self.targets // self.target_parallel
+            per_group_tokens_s = self.ktok_s * 1e3 / groups
+            record["link_traffic"] = {
+                "split": self.traffic.kind, "all_reduces_per_forward": self.traffic.all_reduces,
+                "all_gathers_per_forward": self.traffic.gathers,
+                "mb_per_token": round(self.traffic.bytes_per_token / 1e6, 4),
+                "gb_s_per_gpu": round(self.traffic.bytes_per_token * per_group_tokens_s / 1e9, 3),
+                "share_of_target_time": round(self.link_share, 4)}
+        return record
 
 
 def _largest(fits: Callable[[int], bool], upper: int, step: int, lower: int) -> int | None:
@@ -203,10 +248,16 @@ def _largest(fits: Callable[[int], bool], upper: int, step: int, lower: int) -> 
 
 def plan_layouts(num_gpus: int, rates: RoleRates, hardware: Hardware, inputs: MemoryInputs, *, token_budget: int,
                  max_query_rows: int, mean_length: float, passes_per_sample: Callable[[int], float],
-                 headroom_gib: float, min_budget: int) -> list[Layout]:
+                 headroom_gib: float, min_budget: int, target_parallel: int = 1,
+                 traffic: GroupTraffic | None = None, link_share: float = 0.0) -> list[Layout]:
     """Every layout of ``num_gpus`` GPUs at the largest budget and query rows that fit every GPU (up to the ones
     asked), with its memory per GPU and its rate (``passes_per_sample(rows)``: a sharded drafter's passes, each
-    moving its state); best first, a layout that fits before one that does not."""
+    moving its state); best first, a layout that fits before one that does not.
+
+    ``target_parallel`` K > 1: targets split over groups of K (``rates`` per GPU from ``group_rates``; ``inputs``
+    with one rank's share of the target, ``target_groups.rank_shape``): the target ranks of a split are whole groups,
+    each group's outbox on its sending rank; colocated only where K divides the GPUs."""
+    k = target_parallel
     params = trained_params(inputs.drafter_shape)
     limit = hardware.memory_gib - headroom_gib
 
@@ -223,21 +274,27 @@ def plan_layouts(num_gpus: int, rates: RoleRates, hardware: Hardware, inputs: Me
     def drafter_s(drafters: int, rows: int) -> float:
         return drafter_seconds_per_sample(rates, drafters, params, passes_per_sample(rows), hardware)
 
+    group = dict(target_parallel=k, traffic=traffic, link_share=link_share)
     layouts = []
-    for targets in range(1, num_gpus):
+    for targets in range(k, num_gpus, k):
         drafters = num_gpus - targets
-        size = sized(lambda b, r: max(m.total for m in split_memory(inputs, targets, drafters, b, r)))
+        # the outboxes: one per target (per group's sending rank)
+        size = sized(lambda b, r: max(m.total for m in split_memory(inputs, targets // k, drafters, b, r)))
         budget, rows = size or (token_budget, max_query_rows)
         split = next(s for s in splits(num_gpus, rates, lambda d: drafter_s(d, rows)) if s.targets == targets)
-        target, drafter = split_memory(inputs, targets, drafters, budget, rows)
+        target, drafter = split_memory(inputs, targets // k, drafters, budget, rows)
         wait = "balanced" if split.waiting_side == "none" else f"{split.waiting_side} idle {split.waiting_share:.0%}"
         layouts.append(Layout(targets, drafters, False, split.samples_s, split.samples_s * mean_length / 1e3,
-                              size is not None, budget, rows, target, drafter, wait))
-    size = sized(lambda b, r: colocated_memory(inputs, num_gpus, b, r).total)
-    budget, rows = size or (token_budget, max_query_rows)
-    both = colocated_rate(num_gpus, rates, lambda d: drafter_s(d, rows))
-    layouts.append(Layout(num_gpus, num_gpus, True, both, both * mean_length / 1e3, size is not None, budget, rows,
-                          colocated_memory(inputs, num_gpus, budget, rows), None, "no side waits"))
+                              size is not None, budget, rows, target, drafter, wait, **group))
+    if num_gpus % k == 0:
+        # A target split by its heads splits its embedding and head too: a colocated drafter then holds whole copies.
+        shared = traffic is None or traffic.kind != TENSOR or k == 1
+        size = sized(lambda b, r: colocated_memory(inputs, num_gpus, b, r, shared_head=shared).total)
+        budget, rows = size or (token_budget, max_query_rows)
+        both = colocated_rate(num_gpus, rates, lambda d: drafter_s(d, rows))
+        layouts.append(Layout(num_gpus, num_gpus, True, both, both * mean_length / 1e3, size is not None, budget, rows,
+                              colocated_memory(inputs, num_gpus, budget, rows, shared_head=shared), None,
+                              "no side waits", **group))
     return sorted(layouts, key=lambda layout: (not layout.fits, -layout.samples_s))
 
 

@@ -90,14 +90,20 @@ class PreflightResult:
 
 
 # ---------------------------------------------------------------------------------------- target
-def preflight_target(spec, target, who: str) -> PreflightResult:
-    """Worst-case target batch of ``spec`` (a ``RunSpec``) on this rank (``who``: how messages name it)."""
+def preflight_target(spec, target, who: str, group=None) -> PreflightResult:
+    """Worst-case target batch of ``spec`` (a ``RunSpec``) on this rank (``who``: how messages name it).
+
+    ``group``: this rank's target group (``distributed.target_group``). Its ranks run every measured pass together
+    (the target's all-reduces) and take every decision from the group's largest peak (``TargetGroup.agree_peak``),
+    so that they measure the same sizes and refuse together; only the group's sending rank holds the outbox."""
     config, device, dtype = spec.config, spec.device, spec.dtype
     started = time.perf_counter()
     budget = config.data.token_budget
     width = target.feature_width
-    outbox = max(1, -(-config.topology.q_hs // spec.role.num_targets)) + 1
-    vocab = target.embed_weight().shape[0]
+    outbox = max(1, -(-config.topology.q_hs // spec.role.num_target_groups)) + 1
+    if group is not None and not spec.colocated and not spec.role.sends:
+        outbox = 0  # the group's first rank sends its features; the others hold none once a pass is over
+    vocab = target.vocab_size
     resident = float(torch.cuda.memory_allocated(device)) if device.type == "cuda" else 0.0
     limit = memory_limit(device, config.engine.memory_headroom_gib)
     measured: dict = {}
@@ -110,6 +116,8 @@ def preflight_target(spec, target, who: str) -> PreflightResult:
 
         t0 = time.perf_counter()
         peak = _measure(device, body)
+        if group is not None:
+            peak = group.agree_peak(peak)
         if not quiet:
             _say(f"target at {tokens:,} tokens: {'out of memory' if peak is None else gib(peak)} "
                  f"({time.perf_counter() - t0:.1f} s)")
