@@ -27,11 +27,17 @@ peer script): every arm gets the peer's budget and settings, the flags of ``BUDG
 - ``peer``: SpecForge's own code (``bench/peer_objective.py``) on the same batches; ``peer-dpace``: the same
   with its D-PACE loss;
 - ``init``: ``draftline train --init-from-target`` (train's defaults: the D-PACE loss); ``dflash``: the same
-  with ``--loss dflash``; ``random``: ``draftline train --random-init``.
+  with ``--loss dflash``; ``random``: ``draftline train --random-init``;
+- a DSpark arm is one with ``--method dspark`` among its flags, e.g.
+  ``--arm 'dspark=--init-from-target --method dspark'`` (its heads and loss by their own flags:
+  ``--markov-rank``, ``--markov-head-type``, ``--no-confidence-head``, ``--dspark-loss-weights``; no ``--loss``).
 
 The judge: the official ``dflash`` package's ``DFlashDraftModel.from_pretrained`` on each run's
 exported drafter and its ``dflash_generate`` (greedy, block 8) on the held-out prompts with the
-target in fp32 on the CPU; tau = mean committed tokens per target step over all prompts. Training
+target in fp32 on the CPU; tau = mean committed tokens per target step over all prompts. The official
+package decodes DFlash drafters only: a DSpark arm is judged by draftline's own decoding with its method's
+proposer (``judge_own``: greedy, equal to a one-token-at-a-time oracle in tests/evaluate/test_dspark_decoding.py;
+its block of B inputs drafts B tokens, so its lengths run to B + 1). Training
 compute: the project's FLOP counter (``sizing/flops.py``) over the run's batches and the anchors
 the run trains (target forward + drafter forward/backward), and the wall time of the training
 command (shared CPU: compare within one table only).
@@ -189,10 +195,11 @@ def run_flops(corpus: dict, train: dict) -> dict:
     import argparse as ap
 
     from draftline.commands.train import add_arguments, config_from_args
-    from draftline.sizing.shapes import DrafterShape, TargetShape
+    from draftline.sizing.shapes import TargetShape
     from draftline.sizing.flops import drafter_flops_of_blocks, target_flops
     from draftline.objective.anchors import sample_anchors
     from draftline.objective.blocks import build_blocks
+    from draftline.objective.dspark_blocks import build_dspark_blocks, default_dspark_gamma
     from draftline.pipeline.spec import ModelSpec, plan_data
     from draftline.model.config import default_loss_gamma
     from draftline.model.target import load_target_config
@@ -205,18 +212,24 @@ def run_flops(corpus: dict, train: dict) -> dict:
                                        str(train["seed"]), *BUDGET, *flags])
     config = config_from_args(args)
     plan = plan_data(config, Path(corpus["data"]), 1)
-    dcfg = ModelSpec.resolve(config).drafter_config
-    dshape = DrafterShape.of(dcfg)
+    model = ModelSpec.resolve(config)  # a DSpark arm's: its heads, teacher head and every target layer counted
+    dcfg = model.drafter_config
+    dshape = model.drafter_shape
     tshape = TargetShape.of(load_target_config(corpus["target"]))
-    layers_run = max(dcfg.dflash_config["target_layer_ids"]) + 1
+    layers_run = model.layers_run
+    dspark = model.method.name == "dspark"
     target = drafter = 0.0
     anchors = 0
     for seq in range(plan.end_seq):
         batch = plan.batch(seq)
         target += target_flops(tshape, batch.doc_lengths, layers_run)
         picked = sample_anchors(batch, config.data.max_anchors, config.data.seed)
-        blocks = build_blocks(batch, picked, block_size=dcfg.block_size, mask_token_id=0,
-                              gamma=config.optim.loss_gamma or default_loss_gamma(dcfg.block_size))
+        if dspark:  # its slots: the anchor's slot drafts too
+            blocks = build_dspark_blocks(batch, picked, block_size=dcfg.block_size, mask_token_id=0,
+                                         gamma=config.optim.loss_gamma or default_dspark_gamma(dcfg.block_size))
+        else:
+            blocks = build_blocks(batch, picked, block_size=dcfg.block_size, mask_token_id=0,
+                                  gamma=config.optim.loss_gamma or default_loss_gamma(dcfg.block_size))
         drafter += drafter_flops_of_blocks(dshape, blocks)
         anchors += picked.numel()
     return {"target_flops": target, "drafter_flops": drafter, "flops": target + drafter, "anchors": anchors,
@@ -229,11 +242,16 @@ def run_flops(corpus: dict, train: dict) -> dict:
 
 def judge(corpus: dict, run_dir: Path, num_prompts: int, max_new_tokens: int) -> dict:
     import torch
-    from dflash import model as official
     from transformers import AutoModelForCausalLM
 
+    from draftline.checkpoint.export import load_drafter_config
     from draftline.evaluate.acceptance import eos_token_ids, summarize
     from draftline.evaluate.prompts import read_prompts
+    from draftline.methods import method_for
+
+    if method_for(load_drafter_config(run_dir / "final")).name != "dflash":
+        return judge_own(corpus, run_dir, num_prompts, max_new_tokens)
+    from dflash import model as official
 
     official._cuda_time = time.perf_counter  # its return_stats times with cuda.synchronize
     target = AutoModelForCausalLM.from_pretrained(corpus["target"], dtype=torch.float32).eval()
@@ -249,6 +267,31 @@ def judge(corpus: dict, run_dir: Path, num_prompts: int, max_new_tokens: int) ->
             lengths.append(list(out.acceptance_lengths))
     summary = summarize(lengths, drafter.block_size)
     summary.update({"judge": "dflash.model.dflash_generate", "max_new_tokens": max_new_tokens, "judge_s": time.time() - start})
+    return summary
+
+
+def judge_own(corpus: dict, run_dir: Path, num_prompts: int, max_new_tokens: int) -> dict:
+    """A drafter of another method than DFlash (DSpark), which the official dflash package cannot decode: its
+    method's proposer in draftline's decoding (greedy, equal token for token to a one-token-at-a-time oracle:
+    tests/evaluate/test_dspark_decoding.py), on the same prompts, lengths and stop tokens as ``judge``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from draftline.checkpoint.export import load_drafter
+    from draftline.evaluate.acceptance import eos_token_ids, measure_acceptance
+    from draftline.evaluate.prompts import read_prompts
+    from draftline.methods import method_for
+
+    target = AutoModelForCausalLM.from_pretrained(corpus["target"], dtype=torch.float32).eval()
+    drafter = load_drafter(run_dir / "final", dtype=torch.float32).eval()
+    proposer = method_for(drafter.config).proposer(drafter, target)
+    prompts = read_prompts(corpus["prompts"], corpus["target"], limit=num_prompts)
+    start = time.time()
+    with torch.no_grad():
+        summary = measure_acceptance(target, proposer, prompts, max_new_tokens=max_new_tokens,
+                                     stop_token_ids=eos_token_ids(target))
+    summary.update({"judge": f"draftline {method_for(drafter.config).name} proposer", "max_new_tokens": max_new_tokens,
+                    "judge_s": time.time() - start})
     return summary
 
 

@@ -178,3 +178,31 @@ class FakeDevice:
     @property
     def cap(self) -> float:
         return self.fraction * self.total
+
+
+def tiny_target_config(*, vocab_size=64, hidden_size=32, num_layers=6, num_heads=4, num_kv_heads=2, head_dim=8):
+    """A Qwen3 target config (never instantiated) for drafter-only tests."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                       num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                       head_dim=head_dim, max_position_embeddings=512,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def make_dspark_drafter(target_config=None, *, num_layers=2, block_size=4, markov_rank=8, markov_head_type="vanilla",
+                        confidence_head=True, with_markov=True, target_layer_ids=(1, 3), seed=0, std=0.1):
+    """A DSpark drafter (fp32, weights Normal(0, std)) for ``target_config`` (default ``tiny_target_config()``)."""
+    from draftline.model.config import build_drafter_config
+    from draftline.model.dspark import DSparkDrafter, build_dspark_config
+
+    target_config = target_config or tiny_target_config()
+    config = build_dspark_config(
+        build_drafter_config(target_config, num_hidden_layers=num_layers, block_size=block_size,
+                             target_layer_ids=list(target_layer_ids)),
+        markov_rank=markov_rank, markov_head_type=markov_head_type, confidence_head=confidence_head,
+        confidence_head_with_markov=with_markov)
+    torch.manual_seed(seed)
+    drafter = DSparkDrafter(config).float()
+    drafter.reset_parameters(std=std)
+    return drafter

@@ -8,7 +8,7 @@ import argparse
 import torch
 
 from draftline.commands.train import add_arguments, config_from_args
-from draftline.config import TrainConfig
+from draftline.config import DSPARK_ONLY, TrainConfig
 from draftline.pipeline.spec import default_batches_per_step as grad_accum_batches
 
 
@@ -220,6 +220,8 @@ def _flag_value(hint, default, declared: Option):
     if hint is str:
         return "x", ["x"]
     items = [1, 2] if typing.get_args(hint)[0] is int else [0.5, 0.25] if typing.get_args(hint)[0] is float else ["a", "b"]
+    if typing.get_origin(hint) is tuple:  # as many items as the tuple has
+        items = (items * 2)[: len(typing.get_args(hint))]
     value = tuple(items) if typing.get_origin(hint) is tuple else items
     return value, list(map(str, items)) if declared.nargs else [",".join(map(str, items))]
 
@@ -275,6 +277,8 @@ def test_validate_names_the_key_and_the_flag_of_each_field_it_rejects(section, n
         setattr(getattr(config, section), name, value)
         if (section, name) == ("model", "block_size"):
             config.engine.max_query_rows = max(config.engine.max_query_rows, value)
+        if name in DSPARK_ONLY:  # DSpark's heads: with their method
+            config.model.method = "dspark"
         if (section, name) in (("optim", "distill"), ("optim", "loss_gamma")):
             config.optim.loss = "dflash"  # they weigh the dflash loss; the default D-PACE loss refuses them
         validate(config)
@@ -289,9 +293,11 @@ RANGES = {
         "topology.target_parallel",
         "topology.q_pre", "topology.q_hs", "topology.failure_timeout_s", "checkpoint.keep",
         "monitor.eval_num_prompts", "monitor.eval_max_new_tokens", "monitor.eval_final_num_prompts",
-        "monitor.eval_final_max_new_tokens", "engine.head_chunk_rows", "engine.gpu_memory_gib"},
+        "monitor.eval_final_max_new_tokens", "engine.head_chunk_rows", "engine.gpu_memory_gib", "model.markov_rank"},
     ">= 2": {"model.block_size"},
     "auto, bfloat16 or float32": {"model.dtype"},
+    "dflash or dspark": {"model.method"},
+    "vanilla or gated": {"model.markov_head_type"},
     "in [0, 1]": {"optim.min_lr_ratio", "optim.distill"},
     "in [0, 1)": {"optim.warmup_ratio"},
     ">= 0": {"optim.grad_clip"},
@@ -353,6 +359,24 @@ def _set(config, **fields):
      "--resume and --from-scratch contradict each other; pick one"),
     ({"model__block_size": 8, "engine__max_query_rows": 4},
      "engine.max_query_rows (--max-query-rows) = 4 must hold at least one block (8 rows)"),
+    ({"model__markov_rank": 64, "model__confidence_head": False},
+     "--markov-rank, --confidence-head set DSpark's heads or loss: add --method dspark, or drop them"),
+    ({"model__method": "dflash", "optim__dspark_loss_weights": (0.2, 0.8, 1.0)},
+     "--dspark-loss-weights sets DSpark's heads or loss: add --method dspark, or drop it"),
+    ({"model__method": "dspark", "optim__loss": "dpace"},
+     "--loss dpace sets DFlash's loss weights; --method dspark has its own loss (0.1 CE + 0.9 L1 + 1.0 BCE, "
+     "--dspark-loss-weights; position weights --loss-gamma): drop --loss, or use --method dflash"),
+    ({"model__method": "dspark", "optim__loss": "dflash"},
+     "--loss dflash sets DFlash's loss weights; --method dspark has its own loss (0.1 CE + 0.9 L1 + 1.0 BCE, "
+     "--dspark-loss-weights; position weights --loss-gamma): drop --loss, or use --method dflash"),
+    ({"model__method": "dspark", "optim__distill": 0.5},
+     "--distill mixes the target's distribution into DFlash's labels; --method dspark distils it already (its L1 "
+     "term): drop --distill"),
+    ({"model__method": "dspark", "model__confidence_head": False, "model__confidence_head_with_markov": True},
+     "--confidence-with-markov feeds a confidence head that --no-confidence-head turns off: drop one"),
+    ({"model__method": "dspark", "optim__dspark_loss_weights": (0.0, 0.0, 1.0)},
+     "optim.dspark_loss_weights (--dspark-loss-weights) = [0.0, 0.0, 1.0]: each weight must be >= 0, and CE or L1 "
+     "above 0 (the BCE term trains the confidence head alone)"),
     ({"topology__targets": 5, "topology__target_parallel": 2},
      "topology.targets (--targets) = 5 counts the ranks of the target groups of topology.target_parallel "
      "(--target-parallel) = 2: make it a multiple (4 or 6)"),
@@ -462,4 +486,4 @@ def test_plan_takes_the_train_options_it_shares_from_their_fields():
         assert f"(train's [{section}] {name}" in action.help, flag
         assert action.default == getattr(sections()[section](), name) and action.metavar, flag
         shared += 1
-    assert shared == 12
+    assert shared == 14

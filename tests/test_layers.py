@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
     {"sizing"},
     {"monitor"},
     {"evaluate"},
+    {"methods"},
     {"pipeline"},
     {"demo", "commands", "cli", "__main__"},
 ]

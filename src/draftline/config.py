@@ -49,6 +49,25 @@ class ModelConfig:
     layer_types: list[str] | None = opt(None, "--layer-types", metavar="TYPE,TYPE,...")
     """Attention of each drafter layer, comma-separated: full_attention or sliding_attention (one per
     layer). None = all full, except for Qwen3.5/3.6 hybrid targets (sliding x4 + full, as released)."""
+    method: str | None = opt(None, "--method", check=OneOf(("dflash", "dspark")))
+    """The drafter trained: 'dflash' (the DFlash drafter: B inputs draft B - 1 tokens, a weighted cross-entropy)
+    or 'dspark' (DSpark, arXiv 2607.05147: the DFlash backbone with a Markov head on the previous token and a
+    confidence head; B inputs draft B tokens; 0.1 CE + 0.9 L1 against the target's distribution + 1.0 BCE of the
+    confidence; served by SGLang --speculative-algorithm DSPARK and vLLM method dspark, vanilla head only). None =
+    dflash, or with init_drafter that drafter's. DSpark's target also runs its last layers and sends its final
+    hidden state (+1 feature layer's columns)."""
+    markov_rank: int | None = opt(None, "--markov-rank", metavar="RANK", check=POSITIVE)
+    """DSpark's Markov head rank r: an embedding [V, r] and a linear r -> V add a previous-token bias to every
+    slot's logits (2 x V x r trained weights). None = 256, as DeepSpec and the engines' configs. --method dspark only."""
+    markov_head_type: str | None = opt(None, "--markov-head-type", check=OneOf(("vanilla", "gated")))
+    """DSpark's Markov head: 'vanilla' (the bias from the previous token alone; served by SGLang and vLLM) or
+    'gated' (scaled by a gate on the slot's hidden state; SGLang only). None = vanilla. --method dspark only."""
+    confidence_head: bool | None = opt(None, "--confidence-head", off="--no-confidence-head")
+    """DSpark's confidence head: one logit per slot predicting its acceptance, trained by BCE against the
+    realised acceptance (the report shows its calibration). None = on. --method dspark only."""
+    confidence_head_with_markov: bool | None = opt(None, "--confidence-with-markov", off="--confidence-without-markov")
+    """Whether the confidence head also reads the previous token's Markov embedding (DeepSpec's default) or the
+    slot's hidden state alone. None = with it (when the head is on). --method dspark only."""
     init_drafter: str | None = opt(None, "--init-drafter", metavar="DIR")
     """Warm start: a drafter directory (e.g. a released z-lab drafter) whose config and weights the
     run starts from, to adapt a drafter to your data instead of training one from random weights. Its shape is
@@ -118,17 +137,23 @@ class OptimConfig:
     grad_clip: float = opt(1.0, "--grad-clip", metavar="NORM", check=NON_NEGATIVE)
     """Clip the global gradient norm (all drafter parameters) to this before each update; 0 = off."""
     loss_gamma: float | None = opt(None, "--loss-gamma", metavar="POSITIONS", check=POSITIVE)
-    """Decay of the per-position loss weights exp(-(k-1)/gamma), in block positions. None = the
-    paper's for the block size (7 for 16, 5 for 10, 4 for 8, else block_size/2); smaller weights the
-    first positions more, which set most of tau."""
-    loss: str = opt("dpace", "--loss", check=OneOf(("dpace", "dflash")))
-    """The per-position loss weights: 'dpace' (D-PACE, arXiv 2605.18810: each position's cross-entropy weighted
+    """Decay of the per-position loss weights exp(-(k-1)/gamma), in block positions (DSpark: exp(-k/gamma) from
+    its first slot). None = the paper's for the block size (DFlash: 7 for 16, 5 for 10, 4 for 8, else
+    block_size/2; DSpark: 4, as DeepSpec); smaller weights the first positions more, which set most of tau."""
+    loss: str | None = opt(None, "--loss", check=OneOf(("dpace", "dflash")))
+    """DFlash's per-position loss weights: 'dpace' (D-PACE, arXiv 2605.18810: each position's cross-entropy weighted
     by its detached share of the block's expected acceptance length, from the drafter's own probabilities; no
     gamma; 1.05-1.08x the acceptance of 'dflash' in docs/benchmarks/2026-12-dpace.md) or 'dflash' (the paper's
-    fixed weights exp(-(k-1)/gamma); needed for --loss-gamma and --distill)."""
+    fixed weights exp(-(k-1)/gamma); needed for --loss-gamma and --distill). None = dpace. The DSpark method has
+    its own loss (its weights: dspark_loss_weights), so neither applies to it."""
     dpace_alpha: float = opt(0.5, "--dpace-alpha", metavar="ALPHA", check=Within(0, 1, low_open=True))
     """D-PACE's smoothing, in (0, 1]: a position's acceptance counts as (1 - alpha) q + alpha, q the drafter's
     probability of its label (0.3-0.7 train stably; 0.5 as published). Only with loss = dpace."""
+    dspark_loss_weights: tuple[float, float, float] = opt((0.1, 0.9, 1.0), "--dspark-loss-weights",
+                                                          metavar="CE,L1,BCE")
+    """DSpark's three loss terms' weights, comma-separated: the cross-entropy of the Markov-corrected logits
+    against the data's token, the L1 distance between the drafter's and the target's distributions, the
+    confidence head's binary cross-entropy (0.1,0.9,1.0: DeepSpec's and SpecForge's). --method dspark only."""
     distill: float = opt(0.0, "--distill", metavar="WEIGHT", check=FRACTION)
     """Soft labels: weight (0..1) of the target's own next-token distribution in each position's label
     (0 = the data's tokens only, the DFlash recipe; 1 = the distribution only). Above 0 the target
@@ -377,6 +402,45 @@ def _optional(hint: Any) -> bool:
     return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
 
 
+def resolved_loss(config: TrainConfig) -> str:
+    """The objective's per-position weights (``objective.loss.ObjectiveSettings.loss``): DFlash's ``optim.loss``
+    (None: 'dpace'); DSpark's are fixed, exp(-k/gamma) ('dflash')."""
+    if config.model.method == "dspark":
+        return "dflash"
+    return config.optim.loss or "dpace"
+
+
+DSPARK_ONLY = ("markov_rank", "markov_head_type", "confidence_head", "confidence_head_with_markov")
+"""The [model] fields of DSpark's heads (set only with method = dspark)."""
+
+
+def check_method(config: TrainConfig) -> None:
+    """The method's own options with their method; DSpark with the options it does not combine with."""
+    m, o = config.model, config.optim
+    method = flag_of(m, "method")
+    if m.method != "dspark":
+        given = [_declared(m, name)[1].flag for name in DSPARK_ONLY if getattr(m, name) is not None]
+        if tuple(o.dspark_loss_weights) != (0.1, 0.9, 1.0):
+            given.append(flag_of(o, "dspark_loss_weights"))
+        if given:
+            raise DraftlineError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} DSpark's heads or loss: add "
+                                 f"{method} dspark, or drop {'it' if len(given) == 1 else 'them'}")
+        return
+    if o.loss is not None:
+        raise DraftlineError(f"{flag_of(o, 'loss')} {o.loss} sets DFlash's loss weights; {method} dspark has its own "
+                             f"loss (0.1 CE + 0.9 L1 + 1.0 BCE, {flag_of(o, 'dspark_loss_weights')}; position weights "
+                             f"{flag_of(o, 'loss_gamma')}): drop {flag_of(o, 'loss')}, or use {method} dflash")
+    if o.distill > 0:
+        raise DraftlineError(f"{flag_of(o, 'distill')} mixes the target's distribution into DFlash's labels; "
+                             f"{method} dspark distils it already (its L1 term): drop {flag_of(o, 'distill')}")
+    if m.confidence_head is False and m.confidence_head_with_markov:
+        raise DraftlineError(f"{_declared(m, 'confidence_head_with_markov')[1].flag} feeds a confidence head that "
+                             f"{_declared(m, 'confidence_head')[1].off} turns off: drop one")
+    if any(not w >= 0 for w in o.dspark_loss_weights) or not any(o.dspark_loss_weights[:2]):
+        raise DraftlineError(f"{named(o, 'dspark_loss_weights')} = {list(o.dspark_loss_weights)}: each weight must be "
+                             ">= 0, and CE or L1 above 0 (the BCE term trains the confidence head alone)")
+
+
 def validate(config: TrainConfig) -> None:
     """Raise DraftlineError naming the field and the fix for anything that cannot run: the required
     fields, each field's own range or choices, then the rules between fields."""
@@ -396,11 +460,12 @@ def validate(config: TrainConfig) -> None:
         raise DraftlineError(
             f"optim.global_batch_tokens ({flag_of(o, 'global_batch_tokens')} {o.global_batch_tokens}) and optim.grad_accum "
             f"({flag_of(o, 'grad_accum')} {o.grad_accum}) both set the batches of an optimizer step; pick one")
+    check_method(config)
     loss, gamma, distill = flag_of(o, "loss"), flag_of(o, "loss_gamma"), flag_of(o, "distill")
-    if o.loss == "dpace" and o.loss_gamma is not None:
+    if resolved_loss(config) == "dpace" and o.loss_gamma is not None:
         raise DraftlineError(f"{named(o, 'loss_gamma')} weighs the dflash loss; {loss} dpace sets its own "
                              f"weights: drop {gamma} or use {loss} dflash")
-    if o.loss == "dpace" and o.distill > 0:
+    if resolved_loss(config) == "dpace" and o.distill > 0:
         raise DraftlineError(f"{loss} dpace weighs hard labels by the drafter's probability of them; it does not "
                              f"combine with {distill}: drop one")
     if m.init_drafter and m.init_from_target is not None:

@@ -105,3 +105,46 @@ def test_the_card_s_commands_serve_the_exported_drafter(qwen3_target, tmp_path, 
     assert f"target layers {dflash['target_layer_ids']} of {written['num_target_layers']}" in card
     assert f"mask token id {dflash['mask_token_id']}" in card
     assert f"{written['num_hidden_layers']} layers (" in card
+
+
+def _check_dspark_engines_serve(calls, written: dict, target, drafter, vllm: bool) -> None:
+    """SGLang's DSPARK gets the verified block (the anchor and the block's drafts: block_size + 1), vLLM's dspark the
+    drafted tokens (block_size); a gated head has no vLLM command."""
+    assert sorted(calls) == (["python", "vllm"] if vllm else ["python"])
+    _, argv = calls["python"]
+    sglang = _flags(argv[2:])
+    assert sglang["--model-path"] == str(target) and sglang["--speculative-draft-model-path"] == str(drafter)
+    assert sglang["--speculative-algorithm"] == "DSPARK"
+    assert int(sglang["--speculative-num-draft-tokens"]) == written["block_size"] + 1
+    if vllm:
+        _, argv = calls["vllm"]
+        assert argv[:2] == ["serve", str(target)]
+        spec = json.loads(_flags(argv[2:])["--speculative-config"])
+        assert spec == {"method": "dspark", "model": str(drafter), "num_speculative_tokens": written["block_size"]}
+
+
+@pytest.mark.parametrize("head_type", ["vanilla", "gated"])
+def test_a_dspark_card_s_commands_serve_the_exported_drafter(qwen3_target, tmp_path, capsys, head_type):
+    from draftline.model.dspark import DSparkDrafter, build_dspark_config
+
+    config = build_dspark_config(build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=2,
+                                                      block_size=6, target_layer_ids=[1, 4]),
+                                 markov_rank=8, markov_head_type=head_type)
+    torch.manual_seed(0)
+    save_drafter(DSparkDrafter(config).float(), tmp_path / "drafter", dtype=torch.float32)
+    out = tmp_path / "my drafter"
+    assert main(["export", str(tmp_path / "drafter"), str(out), "--target", str(qwen3_target)]) == 0
+    written = json.loads((out / "config.json").read_text())
+    assert written["architectures"] == ["Qwen3DSparkModel"] and written["markov_head_type"] == head_type
+    card = (out / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", card, re.S)
+    assert len(blocks) == (3 if head_type == "vanilla" else 2), card
+    script = "\n".join([blocks[0], f"TARGET='{qwen3_target}'", f"DRAFTER='{out}'", *blocks[1:]])
+    _check_dspark_engines_serve(_run(script, tmp_path), written, qwen3_target, out, vllm=head_type == "vanilla")
+    printed = dict(re.findall(r"^  (SGLang|vLLM): +(.*)$", capsys.readouterr().out, re.M))
+    if head_type == "gated":
+        assert printed["vLLM"].startswith("(vLLM does not serve this drafter")
+        printed.pop("vLLM")
+    _check_dspark_engines_serve(_run("\n".join(printed.values()), tmp_path), written, qwen3_target, out,
+                                vllm=head_type == "vanilla")
+    assert f"block size {written['block_size']}: the anchor and {written['block_size'] - 1} masks in" in card

@@ -352,7 +352,8 @@ CASES = [pytest.param(rule, base, brk, expected, id=f"{rule}-{i}")
 
 
 def test_every_rule_has_a_drafter_broken_that_way():
-    assert sorted(BROKEN) == sorted(RULES)
+    # DSpark's rules (dspark.*) have theirs in test_dspark_serving.py.
+    assert sorted(BROKEN) == sorted(r for r in RULES if not r.startswith("dspark."))
     assert WARNING_RULES <= set(RULES)
 
 

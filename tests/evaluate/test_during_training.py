@@ -9,6 +9,7 @@ from transformers import Qwen3Config
 from draftline.config import TrainConfig
 from draftline.distributed.shard import DrafterGroup
 from draftline.evaluate.during_training import InTrainingEvaluation, eval_interval
+from draftline.methods import get_method
 from draftline.model.config import build_drafter_config
 
 
@@ -26,6 +27,7 @@ def _evaluation(eval_every=None, total_steps=100):
     config.monitor.eval_every = eval_every
     evaluation = InTrainingEvaluation(config.monitor, total_steps=total_steps, target="unused", dataset=None,
                                       drafter_config=build_drafter_config(target, num_hidden_layers=1, block_size=4),
+                                      method=get_method("dflash"),
                                       device=torch.device("cpu"), dtype=torch.float32, group=DrafterGroup(), logger=None)
     return evaluation, config
 

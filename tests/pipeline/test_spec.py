@@ -178,3 +178,57 @@ def test_a_resume_is_refused_when_the_run_resolves_another_drafter_than_the_chec
         resolve_run(config, same, role, DistEnv(), torch.device("cpu"), bf16)
     config.optim.moments = "bf16"
     assert resolve_run(config, same, role, DistEnv(), torch.device("cpu"), bf16)[0].start_step == 3
+
+
+def test_a_dspark_run_resolves_its_heads_the_final_hidden_state_and_their_costs(qwen3_target):
+    from draftline.model.dspark import DSparkDrafter
+
+    config = _config(qwen3_target, draft_layers=2, block_size=4, method="dspark", markov_rank=16,
+                     markov_head_type="gated", confidence_head_with_markov=False)
+    model = ModelSpec.resolve(config)
+    d = model.drafter_config
+    assert model.method.name == "dspark" and d.architectures == ["Qwen3DSparkModel"]
+    assert (d.markov_rank, d.markov_head_type, d.enable_confidence_head, d.confidence_head_with_markov) == (
+        16, "gated", True, False)
+    # The target runs every layer and sends its final hidden state beside the 2 feature layers.
+    assert model.final_hidden and model.feature_width == 3 * 64 and model.layers_run == 8
+    heads = 2 * 320 * 16 + (64 + 16) * 16 + 16 + 64 + 1  # Markov embedding and projection, gate, confidence head
+    assert model.drafter_shape.method.head_params == heads and model.drafter_shape.drafted_slots == 4
+    drafter = build_drafter(RunSpec.standalone(config, model, torch.device("cpu")))
+    assert isinstance(drafter, DSparkDrafter)
+    assert sum(p.numel() for head in drafter.heads() for p in head.parameters()) == heads
+    dflash = ModelSpec.resolve(_config(qwen3_target, draft_layers=2, block_size=4))
+    assert model.num_trained_params == dflash.num_trained_params + heads
+
+
+def test_a_warm_start_from_a_dspark_drafter_keeps_its_heads_and_refuses_others(qwen3_target, tmp_path):
+    from draftline.checkpoint.export import save_drafter
+    from draftline.model.dspark import DSparkDrafter
+
+    spec = ModelSpec.resolve(_config(qwen3_target, draft_layers=2, block_size=4, method="dspark", markov_rank=8))
+    released = save_drafter(DSparkDrafter(spec.drafter_config).float(), tmp_path / "released")
+    warm = ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released)))
+    assert warm.method.name == "dspark" and warm.drafter_config.markov_rank == 8 and warm.final_hidden
+    for flags, said in (({"method": "dflash"}, "--method dflash (the drafter has dspark)"),
+                        ({"method": "dspark", "markov_rank": 16}, "--markov-rank 16 (the drafter has 8)"),
+                        ({"method": "dspark", "confidence_head": False}, "--no-confidence-head (the drafter has True)")):
+        with pytest.raises(DraftlineError) as info:
+            ModelSpec.resolve(_config(qwen3_target, init_drafter=str(released), **flags))
+        assert said in str(info.value)
+
+
+def test_dspark_drafts_with_full_attention_for_a_hybrid_target_unless_told_otherwise(tmp_path):
+    """DeepSpec and SpecForge train DSpark with full attention only (SpecForge's Qwen3.6-27B DSpark config: five
+    full layers); DFlash keeps the released drafters' sliding x (n-1) + full for a hybrid target."""
+    from transformers import Qwen3_5TextConfig
+
+    from helpers import _HYBRID
+
+    Qwen3_5TextConfig(**{**_HYBRID, "intermediate_size": 128}).save_pretrained(tmp_path / "hybrid")
+    resolve = lambda **model: ModelSpec.resolve(_config(tmp_path / "hybrid", draft_layers=3, block_size=4,  # noqa: E731
+                                                        init_from_target=False, **model)).drafter_config
+    assert resolve().layer_types == ["sliding_attention", "sliding_attention", "full_attention"]
+    assert resolve(method="dspark").layer_types == ["full_attention"] * 3
+    told = resolve(method="dspark", layer_types=["sliding_attention", "full_attention", "full_attention"],
+                   sliding_window=64)
+    assert told.layer_types[0] == "sliding_attention" and told.sliding_window == 64

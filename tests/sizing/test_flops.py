@@ -330,3 +330,50 @@ def test_sliding_target_layers_are_bounded_by_the_window():
     sliding = TargetShape.of(config).with_layers_run(1)
     weights = 2 * sliding.layers[0].token_params
     assert target_flops(sliding, [10], 1) == 10 * weights + 4 * 2 * 4 * (10 + 6 * 4)  # 1+2+3+4, then 4 each
+
+
+@pytest.mark.parametrize("head_type", ["vanilla", "gated"])
+def test_a_dspark_pass_s_flops_are_its_own_matmuls_plus_visible_pairs(qwen3_target, head_type):
+    """DSpark's pass, forward and backward (its head loss forms the gradients in its forward): the counter's
+    backbone parts, the drafter's LM head on every labelled row (the anchor's slot drafts too), the Markov
+    projection and the gate (``heads``) and the teacher's head on the target's final hidden state
+    (``teacher_head``) = the products torch counts. The confidence head is a matrix-vector product, which torch's
+    counter leaves out: 6 (H + r) per labelled row, added by hand."""
+    import dataclasses
+
+    from draftline.methods.dspark import DSpark
+    from draftline.model.target import TargetFeatures, load_embedding_and_head, load_target_config
+    from draftline.objective.loss import ObjectiveSettings
+    from draftline.sizing.flops import drafter_flops_of_blocks
+
+    method = DSpark(markov_rank=16, markov_head_type=head_type)
+    config = method.build_config(build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=2,
+                                                      block_size=4, target_layer_ids=[1, 3]))
+    torch.manual_seed(0)
+    drafter = method.build_drafter(config).float()
+    embed, head = load_embedding_and_head(qwen3_target)
+    objective = method.objective(drafter, embed.float(), head.float(), ObjectiveSettings(max_anchors=3,
+                                                                                         attention="dense"))
+    batch = _documents([19, 6, 12], seed=1)
+    with torch.no_grad():
+        features = TargetFeatures(qwen3_target, [1, 3], dtype=torch.float32, final_hidden=True)(batch)
+    (part, blocks), = list(objective.passes(batch, 100, dense=True))
+    labelled = int(blocks.label_rows.shape[0])
+    assert labelled > 3 * 3  # more than B - 1 per block: the anchor's slot has a label
+
+    def step():
+        loss, _ = objective(features[part.token_lo:part.token_hi], blocks)
+        loss.backward()
+
+    matmuls = _matmul_flops(step) + 6 * labelled * (config.hidden_size + 16)
+    shape = dataclasses.replace(DrafterShape.of(config), method=method.shape(config))
+    parts = drafter_flops_breakdown(shape, num_context_rows=blocks.layout.num_context,
+                                    anchor_positions=blocks.layout.anchor_pos, num_labelled_rows=labelled)
+    assert parts["heads"] + parts["teacher_head"] + sum(parts[k] for k in ("layers", "context_kv", "fc", "lm_head")) \
+        == matmuls
+    assert parts["teacher_head"] == 2 * labelled * config.hidden_size * config.vocab_size
+    visible = sum(1 for a in blocks.layout.anchor_pos.tolist() for _slot in range(4) for key in range(a + 4))
+    assert parts["attention"] == 2 * 3 * 4 * config.num_attention_heads * config.head_dim * visible
+    assert drafter_flops_of_blocks(shape, blocks) == sum(parts.values())
+    with pytest.raises(ValueError, match="exceeds anchors x drafted slots = 12"):
+        drafter_flops_breakdown(shape, num_context_rows=10, anchor_positions=[3, 4, 5], num_labelled_rows=13)

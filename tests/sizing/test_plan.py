@@ -12,7 +12,7 @@ from draftline.cli import main
 from draftline.sizing.flops import DrafterShape, TargetShape
 from draftline.sizing.memory_estimate import (
     FRAGMENTATION, NCCL_GIB, OUTSIDE_ALLOCATOR_GIB, TARGET_ROW_SHARE, MemoryInputs, colocated_memory, drafter_memory,
-    target_memory, trained_params,
+    split_memory, target_memory, trained_params,
 )
 from draftline.sizing.plan import (
     MEASURED_MFU, Hardware, RoleRates, colocated_rate, drafter_seconds_per_sample, estimate_rates, per_sample_flops,
@@ -74,6 +74,38 @@ def test_memory_model_by_hand_and_what_sharding_divides():
     assert four.optimizer * GIB == 2 * trained and four.gradients * GIB == trained
     assert four.weights * GIB == trained + 2 * 2 * (LAYER + norms) + 2 * 2 * 1024 * 1024
     assert four.total - four.allocated == OUTSIDE_ALLOCATOR_GIB + NCCL_GIB  # several GPUs: NCCL's too
+
+
+def test_a_method_s_memory_is_a_term_of_its_own_by_hand():
+    """DSpark's extra bytes (``method_memory``): its heads' 16 bytes per weight (sharded like the rest), the final
+    hidden state's H columns in the features trained and queued, its loss chunk in place of the DFlash head
+    loss's, and the Markov projection's fp32 gradient; nothing for DFlash."""
+    import dataclasses
+
+    from draftline.sizing.memory_estimate import method_memory
+    from draftline.sizing.shapes import MethodShape
+
+    target, drafter = _shapes()
+    assert method_memory(drafter, 1000, 64, 3).total == 0
+    heads = 2 * 1000 * 256 + 1024 + 256 + 1
+    dspark = dataclasses.replace(drafter, method=MethodShape(
+        drafts_anchor_slot=True, head_params=heads, row_params=1000 * 256, teacher_head=True, final_hidden=True,
+        loss_chunk_rows=1024, loss_bytes_per_logit=10, loss_fixed_bytes=4 * 1000 * 256))
+    extra = method_memory(dspark, token_budget=1000, max_query_rows=2048, queued_batches=3, num_shards=2,
+                          head_chunk_rows=4096)
+    per_rank = heads // 2
+    assert extra.weights * GIB == 4 * per_rank and extra.gradients * GIB == 4 * per_rank
+    assert extra.optimizer * GIB == 8 * per_rank
+    assert method_memory(dspark, 1000, 2048, 3, num_shards=2, moments="bf16").optimizer * GIB == 4 * per_rank
+    assert extra.buffers * GIB == (1 + 3) * 1000 * 1024 * 2  # the batch trained and 3 queued, H more columns each
+    own, replaced = 1024 * 1000 * 10, 2048 * 1000 * 2  # the DFlash head loss's chunk: bf16 logits
+    assert extra.activations * GIB == pytest.approx(own + 4 * 1000 * 256 - replaced)
+    inputs = MemoryInputs(target, dspark, 4, 3, 8)
+    plain = MemoryInputs(target, drafter, 4, 3, 8)
+    _, with_heads = split_memory(inputs, 1, 2, 1000, 2048)
+    _, without = split_memory(plain, 1, 2, 1000, 2048)
+    assert with_heads.total == pytest.approx(without.total + method_memory(dspark, 1000, 2048, 3, num_shards=2).total)
+    assert with_heads.outside == without.outside
 
 
 def test_rates_come_from_the_flop_counter_at_the_measured_mfus():
@@ -173,6 +205,24 @@ def test_plan_command_estimates_and_measures(qwen3_target, line_data, capsys):
                  "--token-budget", "512", "--draft-layers", "1", "--block-size", "4", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "measured on cpu" in out and out.count("idle") + out.count("balanced") >= 2
+
+
+def test_plan_counts_dspark_s_target_layers_heads_and_memory(qwen3_target, capsys):
+    import re
+
+    def per_sample(*flags):
+        assert main(["plan", "--target", str(qwen3_target), "--gpus", "2", "--draft-layers", "2", *flags]) == 0
+        out = capsys.readouterr().out
+        scale = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+        t, t_unit, d, d_unit = re.search(r"per sample .*: target ([\d.]+) ?(\w?)FLOP, drafter ([\d.]+) ?(\w?)FLOP",
+                                         out).groups()
+        runs = int(re.search(r"the feature pass runs (\d+)", out).group(1))
+        return float(t) * scale[t_unit], float(d) * scale[d_unit], runs, out
+
+    dflash, dspark = per_sample(), per_sample("--method", "dspark", "--markov-rank", "64")
+    assert dflash[2] < 8 and dspark[2] == 8  # DSpark's target runs every layer for its final hidden state
+    assert dspark[0] > dflash[0] and dspark[1] > dflash[1]
+    assert main(["plan", "--target", str(qwen3_target), "--markov-rank", "64"]) == 2  # DSpark's flag needs DSpark
 
 
 def test_trains_default_split_is_the_plans_best_split(qwen3_target):

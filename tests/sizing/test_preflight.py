@@ -21,6 +21,7 @@ from draftline.errors import DraftlineError
 from draftline.model.config import build_drafter_config
 from draftline.model.target import TargetFeatures, load_target_config
 from draftline.objective import blocks as blocks_module
+from draftline.objective import loss as loss_module
 from draftline.pipeline.build import build_drafter_worker
 from draftline.pipeline.spec import ModelSpec, RunSpec
 from draftline.sizing import preflight
@@ -116,7 +117,7 @@ def counter(monkeypatch):
         return law(sizes["tokens"], sizes["rows"]) - (OPTIMIZER_STATE if first_drafter_pass else 0)
 
     monkeypatch.setattr(preflight, "worst_case_batch", batch)
-    monkeypatch.setattr(blocks_module, "build_blocks", blocks)
+    monkeypatch.setattr(loss_module, "build_blocks", blocks)  # what the objective's build calls
     monkeypatch.setattr(preflight, "_measure", measure)
     return sizes
 

@@ -23,6 +23,7 @@ from draftline.errors import DraftlineError
 from draftline.files import disk_full_error
 from draftline.model.config import validate_drafter_config
 from draftline.model.drafter import DFlashDrafter
+from draftline.model.dspark import DSparkDrafter, is_dspark_config
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -30,6 +31,10 @@ CONFIG_NAME = "config.json"
 
 def drafter_config_dict(config: Qwen3Config, dtype: torch.dtype) -> dict:
     """config.json content with the fields every loader needs, in a stable order."""
+    if is_dspark_config(config):
+        from draftline.checkpoint.dspark_export import dspark_config_dict
+
+        return dspark_config_dict(config, dtype)
     data = config.to_dict()
     data["architectures"] = ["DFlashDraftModel"]
     data["model_type"] = "qwen3"
@@ -139,6 +144,10 @@ def load_drafter_config(path: str | Path) -> Qwen3Config:
 
 def drafter_config_from_json(data: dict, config_file: Path) -> Qwen3Config:
     """The drafter config a config.json's ``data`` describes (``config_file``: where it was read, for errors)."""
+    if is_dspark_config(data):
+        from draftline.checkpoint.dspark_export import dspark_config_from_json
+
+        return dspark_config_from_json(data, config_file)
     for name in ("block_size", "dflash_config"):
         if name not in data:
             raise DraftlineError(f"{config_file}: field {name!r} missing; this is not a DFlash drafter config")
@@ -161,7 +170,7 @@ def load_drafter(
     path = Path(path)
     config = config if config is not None else load_drafter_config(path)
     with torch.device("meta"):
-        drafter = DFlashDrafter(config)
+        drafter = DSparkDrafter(config) if is_dspark_config(config) else DFlashDrafter(config)
     expected = {name: tuple(t.shape) for name, t in drafter.state_dict().items()}
     weights_file = path / WEIGHTS_NAME
     if not weights_file.is_file():

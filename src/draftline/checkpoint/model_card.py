@@ -23,22 +23,31 @@ def serving_commands(config, *, drafter: str = "$DRAFTER", target: str = "$TARGE
     what bash must be given: a path quoted, a variable in double quotes (also inside vLLM's JSON, where
     single quotes would hand vLLM the variable's name instead of its value).
     """
+    if getattr(config, "markov_rank", None) is not None:  # a DSpark drafter: its own layout (checkpoint.dspark_card)
+        from draftline.checkpoint.dspark_card import dspark_serving_commands
+
+        return dspark_serving_commands(config, drafter=drafter, target=target)
     block_size = int(config.block_size)
-    spec = json.dumps({"method": "dflash", "model": drafter, "num_speculative_tokens": block_size - 1})
-    if drafter.startswith("$"):
-        spec_word = '"' + spec.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    else:
-        spec_word = shlex.quote(spec)
+    spec_word = speculative_config_word({"method": "dflash", "model": drafter, "num_speculative_tokens": block_size - 1})
     # Mixed layer types need vLLM's V2 model runner (the serving check warns about them).
     env = "VLLM_USE_V2_MODEL_RUNNER=1 " if is_mixed(config) else ""
     return {
-        "sglang": (f"python -m sglang.launch_server --model-path {_word(target)} --speculative-algorithm DFLASH "
-                   f"--speculative-draft-model-path {_word(drafter)} --speculative-num-draft-tokens {block_size}"),
-        "vllm": f"{env}vllm serve {_word(target)} --speculative-config {spec_word}",
+        "sglang": (f"python -m sglang.launch_server --model-path {shell_word(target)} --speculative-algorithm DFLASH "
+                   f"--speculative-draft-model-path {shell_word(drafter)} --speculative-num-draft-tokens {block_size}"),
+        "vllm": f"{env}vllm serve {shell_word(target)} --speculative-config {spec_word}",
     }
 
 
-def _word(value: str) -> str:
+def speculative_config_word(spec: dict) -> str:
+    """vLLM's ``--speculative-config`` JSON as one shell word: in double quotes where its model is a shell
+    variable (expanded), else quoted as needed."""
+    text = json.dumps(spec)
+    if str(spec.get("model", "")).startswith("$"):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return shlex.quote(text)
+
+
+def shell_word(value: str) -> str:
     """``value`` as one shell word: a variable in double quotes (expanded), anything else quoted as needed."""
     return f'"{value}"' if value.startswith("$") else shlex.quote(value)
 
@@ -50,6 +59,10 @@ def is_mixed(config) -> bool:
 
 def model_card(config, *, target_name: str, num_parameters: int, warnings: list[str] = ()) -> str:
     """README.md text for the exported drafter ``config`` of the target named ``target_name``."""
+    if getattr(config, "markov_rank", None) is not None:  # a DSpark drafter: its own layout (checkpoint.dspark_card)
+        from draftline.checkpoint.dspark_card import dspark_model_card
+
+        return dspark_model_card(config, target_name=target_name, num_parameters=num_parameters, warnings=warnings)
     dflash = config.dflash_config
     types = list(config.layer_types)
     layers = ", ".join(f"{types.count(t)} x {t}" for t in dict.fromkeys(types))

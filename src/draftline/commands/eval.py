@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="tokens generated per prompt at most (default 256)")
     dec.add_argument("--block-size", type=int, default=None, metavar="TOKENS",
                      help="tokens per draft block (>= 2), e.g. to measure how a smaller block than trained "
-                          "accepts (default: the drafter's own)")
+                          "accepts (default: the drafter's own; a DSpark drafter drafts from its own only)")
     dec.add_argument("--temperature", type=float, default=0.0, metavar="T",
                      help="0 = greedy (default: tau as servers quote it); above 0 samples, verified with "
                           "rejection sampling")
@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from draftline.evaluate.benchmark import evaluate_prompts
     from draftline.evaluate.prompts import read_prompts
     from draftline.evaluate.sampling import Sampling
+    from draftline.methods import method_for
     from draftline.model.config import check_matches_target
     from draftline.model.target import load_target_config
 
@@ -103,6 +104,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: vLLM/SGLang would not serve this drafter as evaluated (export refuses it): {finding}")
     for warning in serving.warnings:
         print(f"warning: {warning}")
+    method = method_for(drafter_config)
+    if args.block_size is not None and not method.decodes_other_blocks:
+        raise DraftlineError(f"--block-size: this {method.name} drafter drafts from its training block of "
+                             f"{drafter_config.block_size} only (each slot's draft depends on the whole block); drop "
+                             "--block-size")
     block_size = args.block_size or int(drafter_config.block_size)
     if block_size < 2:
         raise DraftlineError(f"--block-size must be >= 2 (the anchor and at least one draft), got {block_size}")
@@ -114,8 +120,11 @@ def run(args: argparse.Namespace) -> int:
     dtype = _DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
     drafter = load_drafter(drafter_dir, device=device, dtype=dtype)
+    proposer = method.proposer(drafter, target)
     stop_ids = _stop_ids(args.stop_token_ids, target)
-    print(f"draftline eval: {len(prompts)} prompts, drafter {drafter_dir}, block size {block_size}, "
+    drafts = method.drafts_per_block(block_size)
+    print(f"draftline eval: {len(prompts)} prompts, {method.describe(drafter_config)} drafter {drafter_dir}, block "
+          f"size {block_size} ({drafts} drafts per step), "
           f"{'greedy' if sampling.greedy else f'temperature {sampling.temperature} top-p {sampling.top_p} top-k {sampling.top_k}'}, "
           f"up to {args.max_new_tokens} new tokens, stop tokens {stop_ids or 'none'}, {device.type} {str(dtype).removeprefix('torch.')}")
 
@@ -132,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             progress.update(task, advance=1, tau=f"{committed[0] / max(committed[1], 1):.2f}")
 
         result = evaluate_prompts(
-            target, drafter, prompts, max_new_tokens=args.max_new_tokens, sampling=sampling, block_size=block_size,
+            target, proposer, prompts, max_new_tokens=args.max_new_tokens, sampling=sampling, block_size=args.block_size,
             stop_token_ids=stop_ids, seed=args.seed, measure_speedup=device.type == "cuda" and not args.no_speedup,
             on_prompt=on_prompt,
         )

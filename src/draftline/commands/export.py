@@ -17,9 +17,10 @@ import torch
 
 from draftline.checkpoint.export import load_drafter, save_drafter
 from draftline.checkpoint.locate import find_drafter_dir
-from draftline.checkpoint.model_card import CARD_NAME, model_card, serving_commands
+from draftline.checkpoint.model_card import CARD_NAME, model_card
 from draftline.checkpoint.serving import ENGINES_READ, inspect_drafter_dir
 from draftline.errors import DraftlineError
+from draftline.methods import method_for
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -30,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "checkpoint (RUN_DIR/checkpoints/step-N) or a drafter directory")
     parser.add_argument("out_dir", type=Path, metavar="OUT",
                         help="the directory to write config.json + model.safetensors to, as DFlash, SGLang and "
-                             "vLLM load them, with a README.md model card")
+                             "vLLM load them (a DSpark drafter in the layout of their DSpark loaders), with a "
+                             "README.md model card")
     parser.add_argument("--target", type=Path, default=None,
                         help="the target model directory the drafter is checked against (default: the one recorded "
                              "in the run directory's config.json)")
@@ -88,11 +90,13 @@ def run(args: argparse.Namespace) -> int:
     read = " and ".join(f"{name} {version}" for name, version in ENGINES_READ.items())
     print(f"exported {source} -> {args.out_dir} (checked against the target {target_dir} by draftline's serving "
           f"rules, read from the sources of {read}; no engine code was run)")
-    print(f"  {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {params / 1e6:.1f}M parameters, "
-          f"block_size {cfg.block_size}, target_layer_ids {cfg.dflash_config['target_layer_ids']}")
+    method = method_for(cfg)
+    print(f"  {method.describe(cfg)}; {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+          f"{params / 1e6:.1f}M parameters, block_size {cfg.block_size} ({method.drafts_per_block(cfg.block_size)} "
+          f"drafted tokens per step), target_layer_ids {cfg.dflash_config['target_layer_ids']}")
     for warning in warnings:
         print(f"  warning: {warning}")
-    commands = serving_commands(cfg, drafter=str(args.out_dir), target=str(target_dir))
+    commands = method.serving_commands(cfg, drafter=str(args.out_dir), target=str(target_dir))
     print(f"  SGLang: {commands['sglang']}")
     print(f"  vLLM:   {commands['vllm']}")
     print(f"  model card: {args.out_dir / CARD_NAME}")

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftline.config import TrainConfig
+from draftline.config import TrainConfig, check_method
 from draftline.config_flags import add_field_argument
 from draftline.errors import DraftlineError
 from draftline.model.config import text_config
@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what_field("data", "max_anchors",
                own_help="anchors per document: the drafter's work grows with it (the plan also shows 128, 256, 512)")
     what_field("optim", "distill", own_help="soft-label weight (above 0 the target runs every layer)")
+    what_field("model", "method", own_help="the drafter trained: dflash or dspark (DSpark's heads, the target's final "
+                                           "hidden state and its loss in the FLOPs and memory)")
+    what_field("model", "markov_rank", own_help="DSpark's Markov head rank, none = 256 (with --method dspark)")
     node = parser.add_argument_group("the node")
     node.add_argument("--gpus", type=int, help="GPUs of the node (default: this node's count, else 8)")
     node.add_argument("--gpu", help='plan for this GPU by name, from the spec table (e.g. "H200", "RTX PRO 6000"); '
@@ -99,6 +102,8 @@ def _model(args) -> ModelSpec:
     config.model.draft_layers, config.model.block_size = args.draft_layers, args.block_size
     config.model.init_from_target = False  # the shape is all a plan needs
     config.optim.distill = args.distill
+    config.model.method, config.model.markov_rank = args.method, args.markov_rank
+    check_method(config)  # DSpark options only with DSpark
     return ModelSpec.resolve(config)
 
 
@@ -182,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"rates per GPU ({rates.source}): target {rates.target_samples_s:.2f} samples/s, "
           f"drafter {rates.drafter_samples_s:.2f} samples/s")
     inputs = MemoryInputs(model.target_shape, model.drafter_shape, model.layers_run,
-                          len(model.layer_ids) + int(model.distill), args.q_hs, recompute=args.recompute,
+                          len(model.layer_ids) + int(model.final_hidden), args.q_hs, recompute=args.recompute,
                           moments=args.moments, head_chunk_rows=args.head_chunk_rows)
     min_budget = int(lengths.max()) if args.data else 4096
 

@@ -6,7 +6,8 @@ AdamW moments (16 bytes per trained weight), and a step costs what it always did
 D > 1 drafters hold it in one of two ways (``topology.drafter_state``).
 
 Sharded (the default on GPU): the drafter is sharded with torch's FSDP2 (``fully_shard``, one unit per decoder
-layer and one for ``fc`` and the norms) over the drafter ranks. Each rank holds 1/D of the fp32
+layer, one per head a method adds (DSpark's Markov and confidence heads: ``drafter.heads()``) and one for ``fc``
+and the norms) over the drafter ranks. Each rank holds 1/D of the fp32
 master weights, of the gradients and of the AdamW moments; the compute weights (bf16 on GPU) are
 gathered layer by layer for the forward and again for the backward, and each pass's gradients are
 reduce-scattered in fp32 as a sum (``set_force_sum_reduction_for_comms``: the step's gradient is the
@@ -97,7 +98,10 @@ class DrafterGroup:
         mesh = DeviceMesh.from_group(self.device_group, device.type)
         policy = MixedPrecisionPolicy(param_dtype=None if compute_dtype == torch.float32 else compute_dtype,
                                       reduce_dtype=torch.float32)
-        units = [*drafter.layers, drafter]
+        # A method's heads (DSpark's) run after the backbone's forward, each in its own module call: their own
+        # units, gathered for that call and its backward (as a root's parameters, they would be used outside
+        # the forward that gathered them).
+        units = [*drafter.layers, *drafter.heads(), drafter]
         for unit in units:
             fully_shard(unit, mesh=mesh, mp_policy=policy)
         for unit in units:

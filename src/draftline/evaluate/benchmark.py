@@ -16,8 +16,7 @@ from transformers import PreTrainedModel
 
 from draftline.evaluate.acceptance import summarize_generations
 from draftline.evaluate.sampling import Sampling
-from draftline.evaluate.speculative import Generation, speculative_generate, target_generate
-from draftline.model.drafter import DFlashDrafter
+from draftline.evaluate.speculative import Generation, as_proposer, speculative_generate, target_generate, verified_rows
 
 
 @dataclass
@@ -32,6 +31,8 @@ class EvalResult:
         for i, g in enumerate(self.generations):
             entry = {"output_ids": g.output_ids, "acceptance_lengths": g.acceptance_lengths,
                      "num_prompt_tokens": g.num_prompt_tokens, "seconds": round(g.seconds, 6)}
+            if g.confidences:
+                entry["confidences"] = g.confidences
             if self.baselines:
                 entry["baseline_seconds"] = round(self.baselines[i].seconds, 6)
             per_prompt.append(entry)
@@ -54,7 +55,7 @@ def speed_summary(generations: Sequence[Generation], baselines: Sequence[Generat
 
 def evaluate_prompts(
     target: PreTrainedModel,
-    drafter: DFlashDrafter,
+    drafter,
     prompts: Sequence[Sequence[int]],
     *,
     max_new_tokens: int,
@@ -65,22 +66,26 @@ def evaluate_prompts(
     measure_speedup: bool | None = None,
     on_prompt: Callable[[int, Generation], None] | None = None,
 ) -> EvalResult:
-    """Decode every prompt; ``measure_speedup`` (default: on CUDA) also runs target-only greedy."""
-    block_size = int(block_size or drafter.block_size)
+    """Decode every prompt; ``measure_speedup`` (default: on CUDA) also runs target-only greedy. ``drafter``: a
+    DFlash drafter or a drafter's proposer (``speculative.as_proposer``); ``block_size``: a DFlash drafter's block
+    to draft (default its own)."""
+    drafter = as_proposer(drafter, target)
+    rows = int(block_size) if block_size is not None else verified_rows(drafter)
+    drafted = {} if block_size is None else {"block_size": int(block_size)}  # a token proposer refuses one
     device = target.device
     if measure_speedup is None:
         measure_speedup = device.type == "cuda"
     generator = None if sampling.greedy else torch.Generator(device=device).manual_seed(seed)
     common = dict(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids)
     if measure_speedup and prompts:
-        warm = dict(max_new_tokens=min(max_new_tokens, 2 * block_size), stop_token_ids=stop_token_ids)
-        speculative_generate(target, drafter, prompts[0], block_size=block_size, **warm)
+        warm = dict(max_new_tokens=min(max_new_tokens, 2 * rows), stop_token_ids=stop_token_ids)
+        speculative_generate(target, drafter, prompts[0], **warm, **drafted)
         target_generate(target, prompts[0], **warm)
 
     generations, baselines = [], []
     for i, prompt in enumerate(prompts):
         generation = speculative_generate(
-            target, drafter, prompt, sampling=sampling, block_size=block_size, generator=generator, **common
+            target, drafter, prompt, sampling=sampling, generator=generator, **common, **drafted
         )
         generations.append(generation)
         if measure_speedup:
@@ -88,7 +93,7 @@ def evaluate_prompts(
         if on_prompt is not None:
             on_prompt(i, generation)
 
-    summary = summarize_generations(generations, block_size)
+    summary = summarize_generations(generations, rows)
     summary.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                    max_new_tokens=max_new_tokens)
     if measure_speedup:

@@ -43,18 +43,20 @@ class InTrainingEvaluation:
     """Measures tau on the first drafter; prompts, the target copy and (sharded) the drafter copy are made on
     first use. Every drafter calls ``during`` and ``final`` at the same steps.
 
-    ``config``: the monitor's section of the config (cadence, prompts, lengths); ``target``: the target's
+    ``config``: the monitor's section of the config (cadence, prompts, lengths); ``method``: the training method
+    (``build_drafter`` for the sharded copy, ``proposer`` for decoding); ``target``: the target's
     directory; ``dataset``: the prepared dataset, whose held-out prompts are measured unless
     ``config.eval_prompts`` names a file; ``device``/``dtype``: where and in what the first drafter decodes;
     ``target_worker``: colocated, the target thread whose copy decodes (paused meanwhile); ``unavailable``: why
     nothing is measured in this run (a target split over a target group: no rank holds a copy that can decode)."""
 
-    def __init__(self, config: MonitorConfig, *, total_steps: int, drafter_config, target: str, dataset,
+    def __init__(self, config: MonitorConfig, *, total_steps: int, drafter_config, method, target: str, dataset,
                  device: torch.device, dtype: torch.dtype, group: DrafterGroup, logger, target_worker=None,
                  unavailable: str | None = None):
         self.config = config
         self.total_steps = total_steps
         self.drafter_config = drafter_config
+        self.method = method  # the training method (draftline.methods): its drafter and its decoding step
         self.target = target
         self.dataset = dataset
         self.device, self.dtype = device, dtype
@@ -127,7 +129,7 @@ class InTrainingEvaluation:
             return None
         if self._target is None:
             self._target = self._load_target()
-        from draftline.evaluate.acceptance import measure_acceptance
+        from draftline.evaluate.acceptance import measure_acceptance, unwrap
 
         start = time.time()
         was_training = drafter.training
@@ -136,7 +138,8 @@ class InTrainingEvaluation:
         pause = self.target_worker.paused() if self.target_worker is not None else nullcontext()
         try:
             with pause, torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-                summary = measure_acceptance(self._target, drafter, prompts, max_new_tokens=max_new_tokens)
+                proposer = self.method.proposer(unwrap(drafter), self._target)
+                summary = measure_acceptance(self._target, proposer, prompts, max_new_tokens=max_new_tokens)
         finally:
             drafter.train(was_training)
         summary.update(kind="eval", time=time.time(), step=step, seconds=time.time() - start, final=final,
@@ -151,7 +154,7 @@ class InTrainingEvaluation:
         """The first drafter's unsharded copy of the drafter, in the compute dtype, refreshed from ``weights``."""
         if self._copy is None:
             with torch.device("meta"):
-                copy = DFlashDrafter(self.drafter_config)
+                copy = self.method.build_drafter(self.drafter_config)
             self._copy = copy.to_empty(device=self.device).to(self.dtype).requires_grad_(False)
         self._copy.load_state_dict(weights)
         return self._copy

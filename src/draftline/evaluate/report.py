@@ -91,7 +91,7 @@ def plot_loss(plt, log: RunLog, path: Path) -> Path | None:
     fig, axes = _panels(plt, 3, "loss, accuracy, gradient norm")
     drawn = _line(axes[0], log, "loss")
     axes[0].set_ylabel("loss")
-    _line(axes[1], log, "accuracy", "accuracy (slots 1..B-1)")
+    _line(axes[1], log, "accuracy", "accuracy (drafted slots)")
     axes[1].set_ylabel("accuracy")
     _line(axes[2], log, "grad_norm", "grad norm (before clipping)")
     axes[2].set_ylabel("grad norm")
@@ -203,6 +203,52 @@ def plot_memory(plt, log: RunLog, path: Path) -> Path | None:
     return _save(fig, axes, path)
 
 
+def plot_method_loss(plt, log: RunLog, path: Path) -> Path | None:
+    """A method's own loss terms (DSpark: cross-entropy, L1 to the target's distribution, the confidence BCE)."""
+    fig, axes = _panels(plt, 2, "DSpark's loss terms (weighted means per label)")
+    drawn = _line(axes[0], log, "ce", "CE of the Markov-corrected logits")
+    drawn |= _line(axes[0], log, "l1", "L1 to the target's distribution (2 TV)")
+    axes[0].set_ylabel("per label")
+    drawn |= _line(axes[1], log, "confidence_bce", "confidence BCE")
+    drawn |= _line(axes[1], log, "confidence_abs_error", "|confidence - expected acceptance|")
+    axes[1].set_ylabel("per label")
+    return _save(fig, axes, path) if drawn else _close(plt, fig)
+
+
+def plot_confidence_calibration(plt, log: RunLog, path: Path) -> Path | None:
+    """The confidence head's calibration per slot: on the training blocks (its prediction against the slot's
+    expected acceptance 1 - TV, what it is trained on) and in decoding (against the acceptance realised by the
+    steps that reached the slot), the latest of each."""
+    steps, predicted = _list_series(log, "confidence_by_position")
+    _, expected = _list_series(log, "expected_acceptance_by_position")
+    decoded = next((r["confidence_calibration"] for r in reversed(log.of_kind("eval"))
+                    if isinstance(r.get("confidence_calibration"), dict)), None)
+    if not predicted and decoded is None:
+        return _close(plt, None)
+    panels = [p for p in (predicted and "train", decoded and "decode") if p]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    fig.suptitle("the confidence head: predicted vs realised acceptance per slot")
+    for ax, panel in zip(axes[0], panels):
+        if panel == "train":
+            pairs = [("predicted (confidence head)", predicted[-1]), ("expected acceptance 1 - TV (its target)",
+                                                                     expected[-1] if expected else [])]
+            ax.set_title(f"training blocks, step {int(steps[-1])}")
+        else:
+            pairs = [("predicted", decoded.get("predicted") or []), ("realised", decoded.get("realised") or [])]
+            ax.set_title("decoding (steps that reached the slot), last eval")
+        for label, values in pairs:
+            pts = [(k, v) for k, v in enumerate(values, start=1) if isinstance(v, (int, float)) and math.isfinite(v)]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=label)
+        ax.set(xlabel="slot k (1 = the anchor's slot)", ylabel="acceptance", ylim=(0, 1))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    _write_png(fig, path)
+    plt.close(fig)
+    return path
+
+
 def _close(plt, fig) -> None:
     if fig is not None:
         plt.close(fig)
@@ -216,6 +262,9 @@ PLOTS = {
     "throughput": (plot_throughput, "no ktok_s, samples_s, tflops or mfu"),
     "queues": (plot_queues, "no q_pre, q_hs or wait fractions"),
     "memory": (plot_memory, "no GPU memory in any train record (a CPU run?)"),
+    # A method's own plots (DSpark's): drawn where its records have the figures, not listed as missing elsewhere.
+    "method_loss": (plot_method_loss, None),
+    "confidence_calibration": (plot_confidence_calibration, None),
 }
 
 
@@ -320,10 +369,39 @@ def summary_markdown(run_dir: Path, log: RunLog, report: Report) -> str:
     lines += ["", "## Plots", ""]
     lines += [f"![{p.stem}]({p.name})" for p in report.plots]
     lines += [f"- {name}: not drawn, {why}" for name, why in report.skipped_plots.items()]
+    calibration = _calibration_lines(log)
+    if calibration:
+        lines += [""] + calibration
     if log.skipped_lines:
         lines += ["", f"Note: skipped unreadable metrics.jsonl line(s) {log.skipped_lines[:10]}"
                       f"{' ...' if len(log.skipped_lines) > 10 else ''} (a truncated last line is normal after a kill)."]
     return "\n".join(lines) + "\n"
+
+
+def _calibration_lines(log: RunLog) -> list[str]:
+    """The confidence head's calibration as a table (a DSpark run with one): per slot, the prediction against the
+    expected acceptance on the training blocks and against the acceptance realised in decoding."""
+    predicted, expected = log.last("train", "confidence_by_position"), log.last("train", "expected_acceptance_by_position")
+    decoded = next((r["confidence_calibration"] for r in reversed(log.of_kind("eval"))
+                    if isinstance(r.get("confidence_calibration"), dict)), None)
+    if not isinstance(predicted, list) and decoded is None:
+        return []
+    rows = max(len(predicted or []), len((decoded or {}).get("predicted") or []))
+
+    def cell(values, k):
+        return _fmt(values[k], 3) if isinstance(values, list) and k < len(values) else "n/a"
+
+    lines = ["## Confidence head", "",
+             "Predicted acceptance per slot against what it is trained on (the slot's expected acceptance 1 - TV on "
+             "the last training window) and against what decoding realised (the last eval: the steps that reached "
+             "the slot).", "",
+             "| slot | predicted (train) | expected (train) | predicted (decode) | realised (decode) | steps |",
+             "|---|---|---|---|---|---|"]
+    d = decoded or {}
+    for k in range(rows):
+        lines.append(f"| {k + 1} | {cell(predicted, k)} | {cell(expected, k)} | {cell(d.get('predicted'), k)} | "
+                     f"{cell(d.get('realised'), k)} | {cell(d.get('steps'), k)} |")
+    return lines + [""]
 
 
 def write_report(run_dir: str | Path) -> Report:
@@ -336,9 +414,9 @@ def write_report(run_dir: str | Path) -> Report:
     plt = _pyplot()
     for name, (plot, why) in PLOTS.items():
         path = plot(plt, log, out / f"{name}.png")
-        if path is None:
+        if path is None and why is not None:
             report.skipped_plots[name] = why
-        else:
+        elif path is not None:
             report.plots.append(path)
     plt.close("all")
     write_atomic(report.summary, summary_markdown(run_dir, log, report).encode("utf-8"), "the summary", _FIX)

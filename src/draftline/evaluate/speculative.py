@@ -14,6 +14,10 @@ not yet in the target's KV cache) and ``B`` the block size::
              their states go back to before the block and x_s .. x_s+a run once more
              (``_LinearStates``)
 
+A proposer that chooses its own tokens (``TokenProposer``: DSpark, whose Markov head picks the drafts slot by
+slot) drafts ``num_drafts`` tokens from its block instead: B inputs ``[x_s, MASK x (B-1)]`` give ``d_1 .. d_B``,
+verified as ``[x_s, d_1 .. d_B]``; the rest of the cycle is the same.
+
 Prompt and output are laid out as the official ``dflash_generate`` lays them out: ``output_ids`` is
 the prompt, the target's first token (from the prefill, not counted as a step), then each step's
 committed tokens, cut at the first stop token (kept) or at ``max_new_tokens``.
@@ -55,6 +59,9 @@ class Generation:
     num_prompt_tokens: int = 0
     seconds: float = 0.0
     """Wall-clock time of the whole decoding, prefill included (synchronised on CUDA)."""
+    confidences: list[list[float] | None] = field(default_factory=list)
+    """Per step, the proposer's predicted acceptance of each draft (a DSpark drafter's confidence head; None where
+    it predicts none or drafted nothing), aligned with ``acceptance_lengths``; empty for a proposer without one."""
 
     @property
     def num_generated(self) -> int:
@@ -76,6 +83,28 @@ class Proposer(Protocol):
 
         ``new_features`` [T, K * H] are the target features of the context rows not seen yet,
         positions ``anchor_pos - T .. anchor_pos - 1``.
+        """
+
+
+class TokenProposer(Protocol):
+    """A drafter that picks its drafts itself (DSpark's Markov head reads each draft before the next)."""
+
+    target_layer_ids: list[int]
+    mask_token_id: int
+    block_size: int
+    num_drafts: int
+    """Tokens drafted per cycle at most (the verified block is one longer: the anchor first)."""
+
+    def reset(self) -> None:
+        """Forget the context: a new prompt starts."""
+
+    def propose(self, anchor: torch.Tensor, anchor_pos: int, new_features: torch.Tensor, num_drafts: int,
+                sampling: Sampling, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(drafts [num_drafts], the distributions they were drawn from [num_drafts, V] or None when greedy).
+
+        ``anchor`` (a device scalar) is the last committed token, at ``anchor_pos``; ``new_features`` as for
+        ``Proposer.draft_logits``. A proposer that predicts each draft's acceptance leaves it in
+        ``last_confidence`` ([num_drafts] probabilities, or None), read after each call.
         """
 
 
@@ -130,6 +159,11 @@ class DFlashProposer:
         self.cache = ContextCache()
 
     def draft_logits(self, block_ids: torch.Tensor, anchor_pos: int, new_features: torch.Tensor) -> torch.Tensor:
+        return self.head_logits(self.block_hidden(block_ids, anchor_pos, new_features)[1:])
+
+    def block_hidden(self, block_ids: torch.Tensor, anchor_pos: int, new_features: torch.Tensor) -> torch.Tensor:
+        """The drafter's final hidden states of the block ``block_ids`` [S] (anchor at ``anchor_pos``), [S, H];
+        the new context rows enter its cache."""
         seen = self.cache.length()
         assert seen + new_features.shape[0] == anchor_pos, "the drafter's context must end right before the anchor"
         device = block_ids.device
@@ -145,7 +179,11 @@ class DFlashProposer:
             OneBlockAttention(self.config, anchor_pos, size, device),
             cache=self.cache,
         )
-        logits = F.linear(hidden[1:].to(self.head_weight.dtype), self.head_weight)
+        return hidden
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's LM head on drafter hidden states [S, H] -> [S, V]."""
+        logits = F.linear(hidden.to(self.head_weight.dtype), self.head_weight)
         if self.logit_multiplier != 1.0:
             logits = logits * self.logit_multiplier
         if self.softcap:
@@ -259,7 +297,7 @@ def _first_stop(tokens: list[int], stop: frozenset[int]) -> int | None:
 @torch.inference_mode()
 def speculative_generate(
     target: PreTrainedModel,
-    drafter: DFlashDrafter | Proposer,
+    drafter: DFlashDrafter | Proposer | TokenProposer,
     input_ids: Sequence[int],
     *,
     max_new_tokens: int,
@@ -268,9 +306,18 @@ def speculative_generate(
     block_size: int | None = None,
     generator: torch.Generator | None = None,
 ) -> Generation:
-    """Decode one prompt with DFlash speculative decoding; lossless with respect to ``target``."""
-    proposer = DFlashProposer(drafter, target) if isinstance(drafter, DFlashDrafter) else drafter
-    block_size = int(block_size or proposer.block_size)
+    """Decode one prompt with speculative decoding; lossless with respect to ``target``.
+
+    ``drafter``: a proposer, or a DFlash drafter (``as_proposer``). ``block_size``: the DFlash block to draft
+    (default the drafter's); a token proposer drafts with its own block only.
+    """
+    proposer = as_proposer(drafter, target)
+    own_drafts = getattr(proposer, "num_drafts", None)  # a TokenProposer's
+    if own_drafts is not None and block_size is not None and int(block_size) != proposer.block_size:
+        raise DraftlineError(f"this drafter drafts from blocks of {proposer.block_size} (its training block); "
+                             f"block_size={block_size} would change what every slot sees: drop the override")
+    # The rows one verification holds: the anchor and the drafts.
+    block_size = int(block_size or proposer.block_size) if own_drafts is None else int(own_drafts) + 1
     _check_lengths(input_ids, max_new_tokens, block_size)
     device = target.device
     stop = frozenset(int(t) for t in stop_token_ids)
@@ -293,6 +340,7 @@ def speculative_generate(
     tokens = list(input_ids) + [int(anchor)]
     start = num_prompt  # position of the anchor, the last committed token
     acceptance_lengths: list[int] = []
+    confidences: list[torch.Tensor | None] = []  # a token proposer's predicted acceptance of each step's drafts
     stopped = tokens[-1] in stop
     linear = _LinearStates(cache)  # empty where the cache rewinds them itself
 
@@ -300,7 +348,12 @@ def speculative_generate(
         size = min(block_size, max_length - start)
         block = torch.full((size,), proposer.mask_token_id, dtype=torch.long, device=device)
         block[0] = anchor
-        if size > 1:
+        if own_drafts is not None:
+            confidences.append(None)
+        if size > 1 and own_drafts is not None:
+            block[1:], draft_probs = proposer.propose(anchor, start, new_features, size - 1, sampling, generator)
+            confidences[-1] = getattr(proposer, "last_confidence", None)
+        elif size > 1:
             draft_logits = proposer.draft_logits(block, start, new_features)  # [size - 1, V]
             if sampling.greedy:
                 block[1:] = draft_logits.argmax(dim=-1)
@@ -353,7 +406,29 @@ def speculative_generate(
         start += produced
         _crop(cache, start)
 
-    return Generation(tokens[:max_length], acceptance_lengths, num_prompt, _now(device) - began)
+    # Read once the prompt is decoded (each read syncs with the device).
+    predicted = [None if c is None else c.float().tolist() for c in confidences] if any(
+        c is not None for c in confidences) else []
+    return Generation(tokens[:max_length], acceptance_lengths, num_prompt, _now(device) - began, predicted)
+
+
+def as_proposer(drafter, target: PreTrainedModel):
+    """``drafter`` itself when it is a proposer; a DFlash drafter wired to ``target`` (``DFlashProposer``). A
+    drafter of another method decodes through its method's proposer (``methods``), which the caller passes."""
+    if not isinstance(drafter, torch.nn.Module):
+        return drafter
+    if getattr(drafter, "method", "dflash") != "dflash":
+        raise DraftlineError(f"a {drafter.method} drafter drafts with its method's proposer: pass "
+                             f"draftline.methods.method_for(drafter.config).proposer(drafter, target) instead of the "
+                             "drafter")
+    return DFlashProposer(drafter, target)
+
+
+def verified_rows(proposer) -> int:
+    """Rows of one verification at most: the anchor and the drafts (a ``TokenProposer`` drafts ``num_drafts``,
+    a DFlash proposer ``block_size - 1``); acceptance lengths lie in 1 .. this."""
+    own = getattr(proposer, "num_drafts", None)
+    return int(own) + 1 if own is not None else int(proposer.block_size)
 
 
 @torch.inference_mode()

@@ -16,6 +16,7 @@ from typing import Any
 from transformers import PretrainedConfig, Qwen3Config
 
 from draftline.config import ModelConfig, flag_of
+from draftline.config_options import option
 from draftline.errors import DraftlineError
 from draftline.model.linear_attention import is_hybrid
 
@@ -262,8 +263,9 @@ def refuse_shape_flags(model: Any, drafter: Qwen3Config) -> None:
         "mask_token_id": mask_token_id(drafter),
         "layer_types": list(drafter.layer_types or []),
         "sliding_window": drafter.sliding_window,
+        **method_fields(drafter),
     }
-    clash = [f"{flag_of(model, name)} {getattr(model, name)} (the drafter has {value})" for name, value in has.items()
+    clash = [f"{_as_flag(name, getattr(model, name), listed=True)} (the drafter has {value})" for name, value in has.items()
              if getattr(model, name) is not None and getattr(model, name) != value]
     init = flag_of(model, "init_drafter")
     if clash:
@@ -283,22 +285,49 @@ def refuse_changed_drafter(checkpoint: str | Path, config: Qwen3Config) -> None:
         return
     saved = json.loads(saved_file.read_text())
     dflash = saved.get("dflash_config") or {}
+    ours = method_fields(config)
     fields = {
-        "mask_token_id": (dflash.get("mask_token_id"), mask_token_id(config)),
-        "target_layer_ids": (dflash.get("target_layer_ids"), target_layer_ids(config)),
+        # a DSpark drafter keeps its mask token and feature layers at the top level (checkpoint.dspark_export)
+        "mask_token_id": (dflash.get("mask_token_id", saved.get("mask_token_id")), mask_token_id(config)),
+        "target_layer_ids": (dflash.get("target_layer_ids", saved.get("target_layer_ids")), target_layer_ids(config)),
         "block_size": (saved.get("block_size"), config.block_size),
         "draft_layers": (saved.get("num_hidden_layers"), config.num_hidden_layers),
         "layer_types": (saved.get("layer_types"), list(config.layer_types or [])),
         "sliding_window": (saved.get("sliding_window"), config.sliding_window),
+        **{name: (had, ours.get(name)) for name, had in method_fields(saved).items()},
     }
-    changed = [(flag_of(ModelConfig, name), had, now) for name, (had, now) in fields.items()
-               if had is not None and had != now]
+    changed = [(name, had, now) for name, (had, now) in fields.items() if had is not None and had != now]
     if changed:
         raise DraftlineError(
             f"{checkpoint}: a resume continues the drafter this checkpoint holds, but this run resolves another: "
-            + "; ".join(f"{flag} {now} (the checkpoint's drafter has {had})" for flag, had, now in changed)
-            + ": resume with " + " ".join(f"{flag} {_flag_value(had)}" for flag, had, _ in changed)
+            + "; ".join(f"{_as_flag(name, now, listed=True)} (the checkpoint's drafter has {had})"
+                        for name, had, now in changed)
+            + ": resume with " + " ".join(_as_flag(name, had) for name, had, _ in changed)
             + ", or start a new run (--from-scratch, or another --out)")
+
+
+def _as_flag(name: str, value: Any, *, listed: bool = False) -> str:
+    """``ModelConfig.name`` set to ``value`` as the command line says it: ``--block-size 8``, a switch by itself
+    (``--no-confidence-head``); ``None``: the flag left out. ``listed``: a list as Python writes it (in a message)."""
+    declared = option(ModelConfig.__dataclass_fields__[name])
+    if value is None:
+        return f"no {declared.flag}"
+    if isinstance(value, bool):
+        return declared.flags[0] if value else declared.off
+    return f"{declared.flag} {value if listed else _flag_value(value)}"
+
+
+def method_fields(drafter: Any) -> dict[str, Any]:
+    """The [model] fields (``draftline.config.ModelConfig``) a drafter config (object or config.json dict) fixes
+    about its method: the method, and a DSpark drafter's heads."""
+    from draftline.model.dspark import is_dspark_config
+
+    get = drafter.get if isinstance(drafter, dict) else lambda name: getattr(drafter, name, None)
+    if not is_dspark_config(drafter):
+        return {"method": "dflash"}
+    return {"method": "dspark", "markov_rank": get("markov_rank"), "markov_head_type": get("markov_head_type"),
+            "confidence_head": get("enable_confidence_head"),
+            "confidence_head_with_markov": get("confidence_head_with_markov")}
 
 
 def _flag_value(value: Any) -> str:

@@ -201,6 +201,9 @@ class DrafterLayer(nn.Module):
 class DFlashDrafter(nn.Module):
     """The DFlash draft model. Parameter names match the z-lab checkpoint format exactly."""
 
+    method = "dflash"
+    """The training method whose drafter this is (``draftline.methods``): what decodes it and how it is exported."""
+
     def __init__(self, config: Qwen3Config):
         super().__init__()
         self.config = config
@@ -223,6 +226,11 @@ class DFlashDrafter(nn.Module):
                 module.weight.normal_(0.0, std)
             elif isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
+
+    def heads(self) -> list[nn.Module]:
+        """The modules a method adds beside the backbone, each called on its own after ``forward`` (DSpark's
+        Markov and confidence heads); none for DFlash. Sharding makes each its own unit (``distributed.shard``)."""
+        return []
 
     def rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary(positions, like.dtype)

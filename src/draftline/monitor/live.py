@@ -20,7 +20,7 @@ from draftline.monitor.dashboard import Dashboard
 from draftline.monitor.gpu import GpuStats
 from draftline.monitor.gpu import device_stats
 from draftline.monitor.status import LineStatus, RateMeter, eta_seconds
-from draftline.objective.metrics import WEIGHT_SUM, metrics_size, summarize
+from draftline.objective.metrics import NUM_BLOCKS, SUMMARY_KEYS, WEIGHT_SUM, metrics_size, summarize
 from draftline.sizing.peak import PeakFlops, mfu
 
 
@@ -91,9 +91,12 @@ class LineMonitor:
         trace_dir=None,
         cpu_cores: int | None = None,
         target_parallel: int = 1,
+        objective=None,
     ):
         """``progress``: the run's (``pipeline.progress.Progress``: the tokens, samples and skipped steps shown
-        are its, counted from the run's first step)."""
+        are its, counted from the run's first step); ``objective``: the one whose metrics vector the step records
+        carry (its ``metrics_size`` and ``summarize``: a method's own entries, DSpark's loss terms, reach the
+        records as they are); None: the DFlash objective's at ``block_size``."""
         self.health = health
         self.cpu_cores = cpu_cores  # CPU ranks: the host's cores they share (the advice says so)
         self.target_parallel = target_parallel  # target ranks per group: the advice moves whole groups
@@ -112,7 +115,9 @@ class LineMonitor:
         self.interval_s = interval_s
         self.started = time.time()
         self._lock = threading.Lock()
-        self._size = metrics_size(block_size)
+        self._size = objective.metrics_size if objective is not None else metrics_size(block_size)
+        self._summarize = (objective.summarize if objective is not None
+                           else lambda vector: summarize(vector, block_size))
         self._interval_vector = torch.zeros(self._size, dtype=torch.float64)
         self.tokens = RateMeter(window_s)
         self.samples = RateMeter(window_s)
@@ -199,7 +204,7 @@ class LineMonitor:
             vector = self._interval_vector.clone()
             self._interval_vector.zero_()
             step = self.step
-        summary = summarize(vector, self.block_size) if vector[3] > 0 else {}
+        summary = self._summarize(vector) if vector[NUM_BLOCKS] > 0 else {}
         flops_rate = self.drafter_flops.rate() + self.target_flops.rate()
         steps_rate = self.steps.rate()
         epoch, epochs_done = self._epochs(step)
@@ -248,6 +253,7 @@ class LineMonitor:
             q_pre_capacity=self.q_pre_capacity,
             q_hs_capacity=self.q_hs_capacity,
             peak=self.peak,
+            extras={k: v for k, v in summary.items() if k not in SUMMARY_KEYS},
         )
         sent = sum(t.get("bytes_sent", 0) for t in targets)
         send_s = sum(t.get("send_s", 0.0) for t in targets)

@@ -101,6 +101,11 @@ class LineStatus:
     elapsed_s: float = 0.0
     """Seconds since the run (this start of it) began."""
 
+    extras: dict[str, Any] = field(default_factory=dict)
+    """The training method's own figures over the window, as its objective summarises them (DSpark: ``ce``,
+    ``l1``, ``confidence_bce``, ``confidence_abs_error``, ``tau_expected``, ``confidence_by_position``,
+    ``expected_acceptance_by_position``); none for DFlash."""
+
     # Display only: not part of the metrics record.
     q_pre_capacity: int | None = None
     """Capacity of each prefetch queue."""
@@ -151,6 +156,7 @@ class LineStatus:
             "eta_s": self.eta_s,
             "gpus": [gpu.to_record() for gpu in self.gpus],
             "layout": {"targets": self.num_targets, "drafters": self.num_drafters, "colocated": self.colocated},
+            **self.extras,
         }
 
 

@@ -12,7 +12,7 @@ Everything here is built on the host from CPU tensors and moved to the device in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -34,21 +34,15 @@ class BlockBatch:
     teacher_rows: torch.Tensor  # [M] int64, the token whose target output predicts each label
     num_anchors: int
     block_size: int
+    prev_ids: torch.Tensor | None = None  # [M] int64, the token before each label (DSpark's Markov input)
+
+    def _map(self, fn, layout: BlockLayout) -> "BlockBatch":
+        tensors = {f.name: fn(getattr(self, f.name)) for f in fields(self)
+                   if isinstance(getattr(self, f.name), torch.Tensor)}
+        return replace(self, layout=layout, **tensors)
 
     def to(self, device: torch.device | str) -> "BlockBatch":
-        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
-        return BlockBatch(
-            self.layout.to(device),
-            move(self.block_input_ids),
-            move(self.block_positions),
-            move(self.context_positions),
-            move(self.label_rows),
-            move(self.labels),
-            move(self.label_weights),
-            move(self.teacher_rows),
-            self.num_anchors,
-            self.block_size,
-        )
+        return self._map(lambda t: t.to(device, non_blocking=True), self.layout.to(device))
 
     def pin_memory(self) -> "BlockBatch":
         if not torch.cuda.is_available():
@@ -61,18 +55,7 @@ class BlockBatch:
             pin(self.layout.anchor_pos),
             self.layout.block_size,
         )
-        return BlockBatch(
-            layout,
-            pin(self.block_input_ids),
-            pin(self.block_positions),
-            pin(self.context_positions),
-            pin(self.label_rows),
-            pin(self.labels),
-            pin(self.label_weights),
-            pin(self.teacher_rows),
-            self.num_anchors,
-            self.block_size,
-        )
+        return self._map(pin, layout)
 
 
 def position_weights(block_size: int, gamma: float) -> torch.Tensor:

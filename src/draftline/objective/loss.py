@@ -26,7 +26,7 @@ from draftline.objective.anchors import sample_anchors
 from draftline.objective.blocks import BlockBatch, Pass, build_blocks, plan_passes
 from draftline.objective.dpace import dpace_weights
 from draftline.objective.head_loss import chunked_head_loss
-from draftline.objective.metrics import pass_metrics
+from draftline.objective.metrics import metrics_size, pass_metrics, summarize
 
 
 DENSE_MAX_ENTRIES = 2**16
@@ -62,6 +62,9 @@ class DFlashObjective:
     ``embed_weight`` and ``head_weight`` are the target's, frozen (no gradients).
     """
 
+    first_slot = 1
+    """The block's first drafted slot: slot 0 holds the anchor and has no label (``metrics.pass_metrics``)."""
+
     def __init__(
         self,
         drafter: DFlashDrafter,
@@ -96,12 +99,23 @@ class DFlashObjective:
         hidden = self.drafter.config.hidden_size
         return (len(self.drafter.target_layer_ids) + int(self.settings.distill > 0)) * hidden
 
+    @property
+    def metrics_size(self) -> int:
+        """Entries of the metrics vector a pass returns (``objective.metrics``)."""
+        return metrics_size(self.block_size)
+
+    def summarize(self, vector: torch.Tensor) -> dict:
+        """The host-side summary of a (summed) metrics vector; syncs with the device."""
+        return summarize(vector, self.block_size, self.first_slot)
+
+    def build(self, batch: PackedBatch, anchors: torch.Tensor) -> BlockBatch:
+        """The blocks of ``anchors`` (flat token indices into ``batch``, sorted), built on the host."""
+        return build_blocks(batch, anchors, block_size=self.block_size, mask_token_id=self.mask_token_id,
+                            gamma=self.gamma)
+
     def blocks(self, batch: PackedBatch) -> BlockBatch:
         """Anchors, block inputs and labels of ``batch``, built on the host."""
-        anchors = sample_anchors(batch, self.settings.max_anchors, self.settings.seed)
-        return build_blocks(
-            batch, anchors, block_size=self.block_size, mask_token_id=self.mask_token_id, gamma=self.gamma
-        )
+        return self.build(batch, sample_anchors(batch, self.settings.max_anchors, self.settings.seed))
 
     def dense_attention(self, device: torch.device) -> bool:
         """Whether passes on ``device`` use the dense attention path (every query-key pair)."""
@@ -118,8 +132,7 @@ class DFlashObjective:
         anchors = sample_anchors(batch, self.settings.max_anchors, self.settings.seed)
         for part in plan_passes(batch, anchors, max_anchors_per_pass, self.block_size,
                                 max_dense_entries=DENSE_MAX_ENTRIES if dense else None):
-            yield part, build_blocks(part.batch, part.anchors, block_size=self.block_size,
-                                     mask_token_id=self.mask_token_id, gamma=self.gamma)
+            yield part, self.build(part.batch, part.anchors)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         x = F.embedding(ids, self.embed_weight)

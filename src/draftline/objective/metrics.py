@@ -24,8 +24,10 @@ def pass_metrics(
     label_weights: torch.Tensor,
     num_anchors: int,
     block_size: int,
+    first_slot: int = 1,
 ) -> torch.Tensor:
-    """The metrics vector of one pass; ``correct`` is the top-1 hit of each labelled row.
+    """The metrics vector of one pass; ``correct`` is the top-1 hit of each labelled row. ``first_slot``: the
+    block's first drafted slot (DFlash 1: slot 0 is the anchor; DSpark 0: the anchor's slot drafts too).
 
     Host numbers enter through ``fill_``/``index_fill_`` (a kernel argument): assigning a Python
     number into a CUDA tensor copies it from the host and synchronises the stream."""
@@ -38,7 +40,7 @@ def pass_metrics(
     hits = hits.view(num_anchors, block_size)
     # Expected acceptance of a block: 1 + sum_k prod_{i<=k} hit_i. An unlabelled slot counts as a
     # miss, which under-estimates blocks that run into a document's end.
-    accept = 1.0 + torch.cumprod(hits[:, 1:], dim=1).sum(dim=1)
+    accept = 1.0 + torch.cumprod(hits[:, first_slot:], dim=1).sum(dim=1)
     out[LOSS_SUM] = loss_sum.double()
     out[WEIGHT_SUM] = label_weights.double().sum()
     out[NUM_LABELS].fill_(float(label_rows.shape[0]))
@@ -49,8 +51,13 @@ def pass_metrics(
     return out
 
 
-def summarize(vector: torch.Tensor, block_size: int) -> dict:
-    """Host-side summary: loss (per unit weight), accuracy per slot, teacher-forced acceptance.
+SUMMARY_KEYS = ("loss", "accuracy", "accuracy_by_position", "tf_acceptance", "num_blocks", "num_labels", "weight_sum")
+"""What ``summarize`` returns; a method's summary adds its own keys after these (the monitor logs them as they are)."""
+
+
+def summarize(vector: torch.Tensor, block_size: int, first_slot: int = 1) -> dict:
+    """Host-side summary: loss (per unit weight), accuracy per slot (from ``first_slot``, see ``pass_metrics``),
+    teacher-forced acceptance. Entries after the ``metrics_size`` head (a method's own) are not read.
 
     ``tf_acceptance`` is the mean of ``1 + sum_k prod_{i<=k} hit_i`` over the training blocks, whose
     anchors are drawn uniformly. It is NOT what decoding gets: there every block starts right after
@@ -60,8 +67,8 @@ def summarize(vector: torch.Tensor, block_size: int) -> dict:
     weight = float(v[WEIGHT_SUM])
     blocks = float(v[NUM_BLOCKS])
     correct = v[_HEAD : _HEAD + block_size]
-    count = v[_HEAD + block_size :]
-    acc = [float(c / n) if n > 0 else float("nan") for c, n in zip(correct[1:], count[1:])]
+    count = v[_HEAD + block_size : _HEAD + 2 * block_size]
+    acc = [float(c / n) if n > 0 else float("nan") for c, n in zip(correct[first_slot:], count[first_slot:])]
     return {
         "loss": float(v[LOSS_SUM]) / weight if weight > 0 else float("nan"),
         "accuracy": float(correct.sum() / count.sum()) if count.sum() > 0 else float("nan"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from draftline.config import EngineConfig
+from draftline.config import EngineConfig, resolved_loss
 from draftline.distributed.health import Health
 from draftline.distributed.roles import drafter_seqs, group_seqs
 from draftline.distributed.shard import DrafterGroup
@@ -35,7 +35,7 @@ def build_target(spec: RunSpec, group: TargetGroup | None = None) -> TargetFeatu
     # The same copy decodes for evaluation (colocated, one rank per target: a split target does not evaluate).
     keep_all = spec.colocated and spec.role.is_logging and group is None
     target = TargetFeatures(spec.model.target, list(spec.model.layer_ids), device=spec.device, dtype=spec.dtype,
-                            keep_all_layers=keep_all, final_hidden=spec.model.distill,
+                            keep_all_layers=keep_all, final_hidden=spec.model.final_hidden,
                             config=spec.model.target_file_config,
                             group=group.device_group if group is not None else None)
     # A split target runs eager: its layers' forwards hold transformers' tensor-parallel hooks and all-reduces, which
@@ -84,7 +84,8 @@ def build_evaluation(spec: RunSpec, group: DrafterGroup, logger, *, target_worke
     copy decodes; none with a split target)."""
     split = spec.role.target_parallel > 1
     return InTrainingEvaluation(spec.config.monitor, total_steps=spec.total_steps,
-                                drafter_config=spec.model.drafter_config, target=spec.model.target,
+                                drafter_config=spec.model.drafter_config, method=spec.model.method,
+                                target=spec.model.target,
                                 dataset=spec.data.dataset if spec.data is not None else None, device=spec.device,
                                 dtype=spec.dtype, group=group, logger=logger,
                                 target_worker=None if split else target_worker,
@@ -100,7 +101,7 @@ def build_drafter(spec: RunSpec) -> DFlashDrafter:
 
         return load_drafter(model.init_source, device=spec.device, dtype=torch.float32, config=model.drafter_config)
     torch.manual_seed(spec.config.data.seed)
-    drafter = DFlashDrafter(model.drafter_config).float()
+    drafter = model.method.build_drafter(model.drafter_config).float()
     if model.init == INIT_TARGET:
         from draftline.model.warm_start import init_from_target
 
@@ -109,12 +110,12 @@ def build_drafter(spec: RunSpec) -> DFlashDrafter:
 
 
 def build_objective(spec: RunSpec, drafter: DFlashDrafter, embed: torch.Tensor, head: torch.Tensor) -> DFlashObjective:
-    """The DFlash objective of ``drafter`` with the target's frozen embedding and LM head."""
+    """The method's objective of ``drafter`` with the target's frozen embedding and LM head."""
     c = spec.config
     settings = ObjectiveSettings(max_anchors=c.data.max_anchors, head_chunk_rows=c.engine.head_chunk_rows,
                                  attention=c.engine.attention, seed=c.data.seed, gamma=c.optim.loss_gamma,
-                                 distill=c.optim.distill, loss=c.optim.loss, dpace_alpha=c.optim.dpace_alpha)
-    return DFlashObjective(drafter, embed, head, settings)
+                                 distill=c.optim.distill, loss=resolved_loss(c), dpace_alpha=c.optim.dpace_alpha)
+    return spec.model.method.objective(drafter, embed, head, settings)
 
 
 def target_embedding_and_head(spec: RunSpec, target: TargetFeatures | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,7 +31,7 @@ from draftline.distributed.memory import OutOfMemoryContext, gib, out_of_memory_
 from draftline.distributed.shard import DrafterGroup
 from draftline.errors import DraftlineError
 from draftline.objective.loss import DFlashObjective
-from draftline.objective.metrics import LOSS_SUM, WEIGHT_SUM, metrics_size
+from draftline.objective.metrics import LOSS_SUM, WEIGHT_SUM
 from draftline.pipeline.optim import clip_factor, grad_norm, grad_sq_norm, step_with_factor
 from draftline.pipeline.progress import Progress
 from draftline.pipeline.transport import Delivery
@@ -138,7 +138,7 @@ class DrafterWorker:
         self.counters = DrafterCounters()
         self.in_optimizer_step = False
         self.params = [p for p in self.drafter.parameters() if p.requires_grad]
-        self._metrics_size = metrics_size(self.block_size)
+        self._metrics_size = objective.metrics_size  # the method's vector: objective.metrics and its own entries
         self._vector = torch.zeros(self._metrics_size + _NUM_EXTRA, dtype=torch.float64, device=device)
         self._extra = self._vector[self._metrics_size :]
         self._record_host: torch.Tensor | None = None  # pinned: the step's vector and gradient norm
@@ -208,12 +208,10 @@ class DrafterWorker:
         """A pass through every sharded unit that adds nothing: its loss is multiplied by zero."""
         if self._empty is None:
             from draftline.data.batch import PackedBatch
-            from draftline.objective.blocks import build_blocks
 
             length = self.block_size + 2
             batch = PackedBatch.from_documents([(list(range(length)), [True] * length)], sample_ids=[0])
-            blocks = build_blocks(batch, torch.tensor([1]), block_size=self.block_size,
-                                  mask_token_id=self.objective.mask_token_id, gamma=self.objective.gamma).to(self.device)
+            blocks = self.objective.build(batch, torch.tensor([1])).to(self.device)  # the method's blocks
             width = self.objective.feature_width
             features = torch.zeros(length, width, device=self.device, dtype=self.compute_dtype)
             self._empty = features, blocks

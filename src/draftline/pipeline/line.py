@@ -235,7 +235,7 @@ class Line:
             q_hs_capacity=c.topology.q_hs * (spec.role.num_targets if spec.colocated else 1),
             progress=self.worker.progress, trace_dir=spec.run_dir / run_files.TRACE if c.engine.trace else None,
             cpu_cores=usable_cores() if spec.device.type == "cpu" else None,
-            target_parallel=spec.role.target_parallel,
+            target_parallel=spec.role.target_parallel, objective=self.worker.objective,
         )
         rundir.log_start(c, rundir.StartDecision(spec.mode, Path(spec.checkpoint) if spec.checkpoint else None),
                          step=spec.start_step, world_size=spec.env.world_size, topology=self.topology())
@@ -320,6 +320,8 @@ class Line:
             if self.group.replicated else f"; the drafter's state sharded over the {role.num_drafters} drafters (FSDP2)")
         print(f"  topology: {layout} ({spec.device.type}){sharding}")
         m = spec.model
+        print(f"  method: {m.method.describe(m.drafter_config)}"
+              + ("; the target also sends its final hidden state" if m.final_hidden else ""))
         print(f"  drafter: {m.drafter_config.num_hidden_layers} layers, block {m.block_size}, "
               f"{m.num_trained_params / 1e6:,.1f}M trained parameters, features of target layers {list(m.layer_ids)}; "
               f"starts {m.describe_init()}")

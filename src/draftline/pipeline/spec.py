@@ -18,7 +18,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PretrainedConfig, Qwen3Config
@@ -32,6 +32,7 @@ from draftline.model.config import (
     DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, build_drafter_config, refuse_changed_drafter, refuse_shape_flags,
     text_config,
 )
+from draftline.objective.loss import ObjectiveSettings
 from draftline.sizing.shapes import DrafterShape, TargetShape
 
 if TYPE_CHECKING:
@@ -53,9 +54,13 @@ class ModelSpec:
     drafter_config: Qwen3Config
     target_shape: TargetShape | None
     drafter_shape: DrafterShape
-    """With soft labels its ``teacher_layers`` are all of the target's layers."""
-    distill: bool = False
-    """Soft labels: the target also sends its final hidden state (``optim.distill`` > 0)."""
+    """With the target's final hidden state its ``teacher_layers`` are all of the target's layers; its ``method``
+    what the training method adds (``method.shape``)."""
+    final_hidden: bool = False
+    """The target also sends its final hidden state: soft labels (``optim.distill`` > 0) or the method's own need
+    (DSpark: the target's distribution)."""
+    method: Any = None
+    """The training method (``draftline.methods``): the drafter, objective, proposer and export it asks for."""
     init: str = INIT_RANDOM
     """How the drafter starts: from the target's layers, random, or from a released drafter."""
     init_source: str | None = None
@@ -80,19 +85,20 @@ class ModelSpec:
 
     @property
     def feature_width(self) -> int:
-        """Columns of the features a target sends: K fused layers, plus (soft labels) the target's final
+        """Columns of the features a target sends: K fused layers, plus (soft labels, DSpark) the target's final
         hidden state as the last ``hidden_size`` columns."""
-        return (len(self.layer_ids) + int(self.distill)) * self.hidden_size
+        return (len(self.layer_ids) + int(self.final_hidden)) * self.hidden_size
 
     @property
     def layers_run(self) -> int:
-        """Target layers a feature pass runs (up to the deepest feature layer; all with soft labels)."""
+        """Target layers a feature pass runs (up to the deepest feature layer; all with its final hidden state)."""
         return self.drafter_shape.target_layers_run
 
     @property
     def num_trained_params(self) -> int:
         shape = self.drafter_shape
-        return sum(layer.token_params for layer in shape.layers) + len(self.layer_ids) * shape.hidden_size ** 2
+        return (sum(layer.token_params for layer in shape.layers) + len(self.layer_ids) * shape.hidden_size ** 2
+                + shape.method.head_params)
 
     def describe_init(self) -> str:
         """How the drafter starts, in words (printed at the start of a run)."""
@@ -104,18 +110,28 @@ class ModelSpec:
 
     @classmethod
     def from_configs(cls, target_config: PretrainedConfig | None, drafter_config: Qwen3Config, *, target: str = "",
-                     distill: bool = False, init: str = INIT_RANDOM, init_source: str | None = None) -> "ModelSpec":
-        """From the configs themselves (no files read); ``target_config`` None: a drafter benchmarked alone."""
+                     distill: bool = False, method=None, init: str = INIT_RANDOM,
+                     init_source: str | None = None) -> "ModelSpec":
+        """From the configs themselves (no files read); ``target_config`` None: a drafter benchmarked alone.
+        ``method``: the training method (None: the one ``drafter_config`` was built by); ``distill``: soft labels."""
+        from draftline.methods import method_for
+
+        method = method if method is not None else method_for(drafter_config)
+        final_hidden = distill or method.needs_final_hidden(ObjectiveSettings(distill=float(distill)))
         target_shape = TargetShape.of(target_config) if target_config is not None else None
-        drafter_shape = DrafterShape.of(drafter_config)
-        if distill:
+        drafter_shape = dataclasses.replace(DrafterShape.of(drafter_config),
+                                            method=method.shape(drafter_config, final_hidden=final_hidden))
+        if final_hidden and target_shape is not None:
             drafter_shape = dataclasses.replace(drafter_shape, teacher_layers=target_shape.num_layers)
-        return cls(target, target_config, drafter_config, target_shape, drafter_shape, distill, init, init_source)
+        return cls(target, target_config, drafter_config, target_shape, drafter_shape, final_hidden, method, init,
+                   init_source)
 
     @classmethod
     def resolve(cls, config: TrainConfig) -> "ModelSpec":
         """Read the target's config (and a warm-start drafter's) once; build the drafter's config."""
         from draftline.model.target import load_target_config
+
+        from draftline.methods import method_for, method_of
 
         m = config.model
         distill = config.optim.distill > 0
@@ -132,20 +148,26 @@ class ModelSpec:
         if released is not None:
             refuse_shape_flags(m, released)
             drafter_config, init, source = released, INIT_DRAFTER, m.init_drafter
+            method = method_for(released)
+            if method.name == "dspark":  # the released drafter's heads, this run's loss weights
+                method = type(method).of_config(released, loss=method_of(_as_dspark(config)).loss)
         else:
             from draftline.checkpoint.serving import check_drafter_config, engine_mask_token_id
 
-            drafter_config = build_drafter_config(
+            method = method_of(config)
+            num_layers = m.draft_layers or DEFAULT_DRAFT_LAYERS
+            base = build_drafter_config(
                 target_config,
-                num_hidden_layers=m.draft_layers or DEFAULT_DRAFT_LAYERS,
+                num_hidden_layers=num_layers,
                 block_size=m.block_size or DEFAULT_BLOCK_SIZE,
                 # by default the row the engines will check: the target tokenizer's <|MASK|>, where it has one
                 mask_token_id=m.mask_token_id if m.mask_token_id is not None else engine_mask_token_id(m.target,
                                                                                                     target_config),
                 target_layer_ids=m.target_layer_ids,
-                layer_types=m.layer_types,
+                layer_types=m.layer_types if m.layer_types is not None else method.default_layer_types(num_layers),
                 sliding_window=m.sliding_window,
             )
+            drafter_config = method.build_config(base)  # DSpark: its heads' fields
             # The serving check's config rules, before anything is loaded: a drafter an engine would load
             # differently from how it is trained is refused now, not at export after the run.
             # A resume continues the drafter its checkpoint holds, whatever the rules say now: warned, not refused.
@@ -153,8 +175,13 @@ class ModelSpec:
                                                 refuse=not config.checkpoint.resume):
                 print(f"draftline: warning: {warning}", flush=True)
             init, source = INIT_RANDOM if m.init_from_target is False else INIT_TARGET, None
-        return cls.from_configs(target_config, drafter_config, target=m.target, distill=distill, init=init,
-                                init_source=source)
+        return cls.from_configs(target_config, drafter_config, target=m.target, distill=distill, method=method,
+                                init=init, init_source=source)
+
+
+def _as_dspark(config: TrainConfig) -> TrainConfig:
+    """``config`` asking for DSpark (a released DSpark drafter's run: its loss weights are the run's)."""
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, method="dspark"))
 
 
 # ------------------------------------------------------------------------------------------ the data

@@ -12,8 +12,9 @@ The convention, as the functions below apply it:
   depthwise causal conv ``2*kernel*channels``, and the recurrent state update ``6*dk*dv`` per
   value head (read ``k^T S``, rank-one write, read ``S q``): linear in the sequence length.
 - MoE MLP: the experts a token runs, the shared expert and the router; idle experts earn nothing.
-- Target: forward only, only the layers that must run (up to the deepest feature layer), no LM
-  head. Drafter: one training pass (forward + backward); see ``drafter_flops_breakdown``.
+- Target: forward only, only the layers that must run (up to the deepest feature layer; all of them
+  where the method or soft labels need its final hidden state), no LM head. Drafter: one training pass
+  (forward + backward), with what its method adds (DSpark's heads); see ``drafter_flops_breakdown``.
 
 Only model FLOPs count: norms, RoPE, softmax, gates' elementwise work, the loss, padding and
 masked-out keys earn nothing, so MFU is comparable across implementations (flex vs dense
@@ -45,6 +46,7 @@ from draftline.sizing.shapes import (  # noqa: F401
     DecoderShape,
     DrafterShape,
     LayerShape,
+    MethodShape,
     TargetShape,
 )
 
@@ -177,16 +179,25 @@ def drafter_flops_breakdown(
     - ``lm_head``: the frozen H -> V head over the M labelled rows: forward plus input gradient,
       ``4*H*V`` per row (no weight gradient). Unlabelled slots (slot 0, past the end of the
       document, prompt tokens) go through no head in a chunked loss and earn nothing.
+
+    What the training method adds (``shape.method``; none for DFlash), per labelled row:
+
+    - ``heads``: the method's trained head matmuls, forward and backward with input gradients (DSpark: the
+      Markov projection r -> V, ``6*r*V``; the gated head's gate, ``6*(H+r)*r``; the confidence head,
+      ``6*(H+r)`` or ``6*H``). DSpark's anchor slot drafts, so M <= N*B there.
+    - ``teacher_head``: the frozen head on the target's final hidden state, forward only, ``2*H*V`` (DSpark:
+      the target's distribution, the L1 and confidence terms' reference).
     """
     positions = torch.as_tensor(anchor_positions, dtype=torch.float64).flatten().cpu()
     if num_context_rows < 0 or num_labelled_rows < 0:
         raise ValueError("row counts must be non-negative")
     block = shape.block_size
     num_query_rows = positions.numel() * block
-    if num_labelled_rows > positions.numel() * (block - 1):
+    if num_labelled_rows > positions.numel() * shape.drafted_slots:
         raise ValueError(
-            f"num_labelled_rows={num_labelled_rows} exceeds anchors x (block_size - 1) = "
-            f"{positions.numel() * (block - 1)}: slot 0 of a block has no label"
+            f"num_labelled_rows={num_labelled_rows} exceeds anchors x drafted slots = "
+            f"{positions.numel() * shape.drafted_slots}"
+            + ("" if shape.method.drafts_anchor_slot else ": slot 0 of a block has no label")
         )
     hidden = shape.hidden_size
     parts = {
@@ -200,6 +211,11 @@ def drafter_flops_breakdown(
         # Frozen head: forward 2*H*V plus the input gradient 2*H*V.
         "lm_head": linear_flops(num_labelled_rows, hidden, shape.vocab_size, backward=True, input_grad=False),
     }
+    method = shape.method
+    if method.row_params:
+        parts["heads"] = weight_flops(num_labelled_rows, method.row_params, backward=True)
+    if method.teacher_head:
+        parts["teacher_head"] = linear_flops(num_labelled_rows, hidden, shape.vocab_size)
     return parts
 
 

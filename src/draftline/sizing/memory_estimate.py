@@ -29,12 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from draftline.sizing.drafter_memory import (
-    ACTIVATIONS, FEATURES, GRADIENTS, OPTIMIZER, WEIGHTS, PassSize, drafter_step, trained_params,
+    ACTIVATIONS, FEATURES, GRADIENTS, MOMENT_BYTES, OPTIMIZER, WEIGHTS, PassSize, drafter_step, trained_params,
 )
 from draftline.sizing.shapes import LINEAR, DecoderShape, DrafterShape, TargetShape
 
-__all__ = ["MemoryEstimate", "MemoryInputs", "colocated_memory", "drafter_memory", "split_memory", "target_memory",
-           "trained_params"]
+__all__ = ["MemoryEstimate", "MemoryInputs", "colocated_memory", "drafter_memory", "method_memory", "split_memory",
+           "target_memory", "trained_params"]
 
 _GIB = 2**30
 
@@ -209,6 +209,33 @@ def drafter_memory(shape: DrafterShape, token_budget: int, max_query_rows: int, 
     return MemoryEstimate(parts, outside_allocator(num_shards if num_gpus is None else num_gpus))
 
 
+def method_memory(shape: DrafterShape, token_budget: int, max_query_rows: int, queued_batches: int,
+                  bytes_per_value: int = 2, num_shards: int = 1, head_chunk_rows: int = 4096,
+                  moments: str = "fp32") -> MemoryEstimate:
+    """What the drafter's training method adds to ``drafter_memory`` (``shape.method``; nothing for DFlash): its
+    heads' fp32 master weights and gradients and AdamW's moments, 1/``num_shards`` each; the target's final hidden
+    state, ``hidden_size`` more feature columns in the batch trained and the ``queued_batches`` held; its own loss's
+    chunk (``loss_chunk_rows`` x vocabulary x ``loss_bytes_per_logit``, in place of the DFlash head loss's bf16
+    chunk) and the buffers it keeps for a pass."""
+    method = shape.method
+    parts: dict[str, tuple[str, float]] = {}
+    heads = method.head_params // num_shards
+    if heads:
+        parts["the method's heads: fp32 master weights"] = (WEIGHTS, 4 * heads / _GIB)
+        parts[f"the method's heads: AdamW moments ({moments})"] = (OPTIMIZER, MOMENT_BYTES[moments] * heads / _GIB)
+        parts["the method's heads: fp32 gradients"] = (GRADIENTS, 4 * heads / _GIB)
+    if method.final_hidden:
+        columns = shape.hidden_size * bytes_per_value * token_budget
+        parts[f"the target's final hidden state: {1 + queued_batches} batch(es)"] = (
+            FEATURES, (1 + queued_batches) * columns / _GIB)
+    if method.loss_chunk_rows:
+        own = min(method.loss_chunk_rows, max_query_rows) * shape.vocab_size * method.loss_bytes_per_logit
+        replaced = min(head_chunk_rows, max_query_rows) * shape.vocab_size * 2  # drafter_step's "chunk of logits"
+        parts["the method's loss chunk and buffers, less the head loss's chunk"] = (
+            ACTIVATIONS, (own + method.loss_fixed_bytes - replaced) / _GIB)
+    return MemoryEstimate(parts)
+
+
 @dataclass(frozen=True)
 class MemoryInputs:
     """What the memory of a layout depends on besides its shape."""
@@ -242,7 +269,9 @@ def split_memory(inputs: MemoryInputs, targets: int, drafters: int, budget: int,
                            num_gpus=num_gpus)
     drafter = drafter_memory(inputs.drafter_shape, budget, rows, inputs.receive_batches, num_shards=drafters,
                              num_gpus=num_gpus, **inputs.drafter_options())
-    return target, drafter
+    return target, drafter + method_memory(inputs.drafter_shape, budget, rows, inputs.receive_batches,
+                                           num_shards=drafters, head_chunk_rows=inputs.head_chunk_rows,
+                                           moments=inputs.moments)
 
 
 def colocated_memory(inputs: MemoryInputs, num_gpus: int, budget: int, rows: int, *, num_shards: int | None = None,
@@ -257,4 +286,6 @@ def colocated_memory(inputs: MemoryInputs, num_gpus: int, budget: int, rows: int
     drafter = drafter_memory(inputs.drafter_shape, budget, rows, inputs.q_hs,
                              num_shards=num_gpus if num_shards is None else num_shards,
                              frozen_weights=not shared_head, num_gpus=num_gpus, **inputs.drafter_options())
-    return target + drafter
+    shards = num_gpus if num_shards is None else num_shards
+    return target + drafter + method_memory(inputs.drafter_shape, budget, rows, inputs.q_hs, num_shards=shards,
+                                            head_chunk_rows=inputs.head_chunk_rows, moments=inputs.moments)

@@ -225,16 +225,13 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
         anchors = worst_case_anchors(tokens, anchors_n, block)
 
         def body():
-            from draftline.objective.blocks import build_blocks
-
             if held_gradients:
                 for param in params:
                     if param.requires_grad and param.grad is None:
                         param.grad = torch.zeros_like(param)
             queued = torch.empty(queued_batches * tokens, width, device=device, dtype=dtype)
             features = torch.randn(tokens, width, device=device, dtype=dtype)
-            blocks = build_blocks(batch, anchors, block_size=block, mask_token_id=objective.mask_token_id,
-                                  gamma=objective.gamma).to(device)
+            blocks = objective.build(batch, anchors).to(device)  # the method's blocks (DSpark: its slots)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                 loss, _ = objective(features, blocks)
             loss.backward()
@@ -360,13 +357,13 @@ def model_prediction(spec, role: str) -> dict | None:
 
 def _model_prediction(spec, role: str) -> dict:
     from draftline.sizing.memory_estimate import (
-        MemoryInputs, colocated_memory, drafter_memory, target_memory,
+        MemoryInputs, colocated_memory, drafter_memory, method_memory, target_memory,
     )
 
     config, model = spec.config, spec.model
     c, e, o = config.topology, config.engine, config.optim
     budget, rows = config.data.token_budget, e.max_query_rows
-    num_feature_layers = len(model.layer_ids) + int(model.distill)
+    num_feature_layers = len(model.layer_ids) + int(model.final_hidden)
     if role == "target":
         outbox = max(1, -(-c.q_hs // spec.role.num_targets)) + 1
         keep_all = spec.colocated and spec.role.is_logging
@@ -386,6 +383,8 @@ def _model_prediction(spec, role: str) -> dict:
         else:
             estimate = drafter_memory(model.drafter_shape, budget, rows, spec.queued_feature_batches,
                                       num_shards=shards, num_gpus=spec.env.world_size, **options)
+            estimate = estimate + method_memory(model.drafter_shape, budget, rows, spec.queued_feature_batches,
+                                                num_shards=shards, head_chunk_rows=e.head_chunk_rows, moments=o.moments)
     return {"allocated_gib": round(estimate.allocated, 3), "total_gib": round(estimate.total, 3), "device_gib": round(estimate.device, 3),
             "parts": {name: round(value, 3) for name, (_, value) in estimate.parts.items()}}
 

@@ -4,7 +4,8 @@ One description serves the target and the drafter: a ``DecoderShape`` is the res
 vocabulary and one ``LayerShape`` per decoder layer. A layer is full attention, sliding-window
 attention or linear attention (Gated DeltaNet), and its MLP is dense SwiGLU or a mixture of
 experts (only the experts a token runs count, plus a shared expert and the router).
-``DrafterShape`` adds what a DFlash drafter has on top: the target layers it reads and its block.
+``DrafterShape`` adds what a DFlash drafter has on top: the target layers it reads and its block, and
+(``MethodShape``) what its training method adds: DSpark's heads, the target's final hidden state.
 """
 
 from __future__ import annotations
@@ -101,8 +102,35 @@ TargetShape = DecoderShape
 
 
 @dataclass(frozen=True)
+class MethodShape:
+    """What a training method adds to the DFlash drafter's FLOPs and memory (``draftline.methods``: each method
+    describes its own as numbers; DFlash adds nothing). Per labelled row of a pass, and in memory."""
+
+    drafts_anchor_slot: bool = False
+    """The anchor's slot drafts too (DSpark): a block has up to B labelled rows, not B - 1."""
+    head_params: int = 0
+    """Trained weights beside the layers and ``fc`` (DSpark: the Markov head's embedding and projection, the
+    gated head's gate, the confidence head): fp32 master weights, gradients and AdamW moments."""
+    row_params: int = 0
+    """Trained weights a labelled row passes through in matmuls (DSpark: the Markov projection r -> V, the gate,
+    the confidence head; the embedding lookup is no matmul): forward and backward, input gradients included."""
+    teacher_head: bool = False
+    """Per labelled row the frozen LM head also runs, forward only, on the target's final hidden state (DSpark:
+    the target's distribution)."""
+    final_hidden: bool = False
+    """The target runs every layer and sends its final hidden state: ``hidden_size`` more feature columns per token."""
+    loss_chunk_rows: int = 0
+    """Rows of the method's own full-vocabulary loss at once (0: the DFlash head loss's chunk)."""
+    loss_bytes_per_logit: float = 0.0
+    """Bytes per row and vocabulary entry of that chunk."""
+    loss_fixed_bytes: int = 0
+    """Buffers the loss holds for the whole pass (DSpark: the Markov projection's fp32 gradient, V x r)."""
+
+
+@dataclass(frozen=True)
 class DrafterShape(DecoderShape):
-    """A DFlash drafter: its own layers, and the target layers that feed its ``fc``."""
+    """A DFlash drafter: its own layers, and the target layers that feed its ``fc``; ``method`` what the training
+    method adds (DSpark's heads)."""
 
     target_layer_ids: tuple[int, ...] = ()
     """Target layers feeding ``fc`` (K = their number; ``fc`` is K*H -> H)."""
@@ -110,6 +138,8 @@ class DrafterShape(DecoderShape):
     """B: rows per anchor block (anchor + B-1 masks)."""
     teacher_layers: int = 0
     """Target layers run for soft labels (``--distill``: all of them); 0 = features only."""
+    method: MethodShape = MethodShape()
+    """What the method adds (``draftline.methods``: ``method.shape(config)``)."""
 
     @classmethod
     def of(cls, config: Any) -> "DrafterShape":
@@ -118,6 +148,11 @@ class DrafterShape(DecoderShape):
         return cls(base.hidden_size, base.vocab_size, base.layers,
                    target_layer_ids=tuple(int(i) for i in config.dflash_config["target_layer_ids"]),
                    block_size=int(getattr(config, "block_size", 16)))
+
+    @property
+    def drafted_slots(self) -> int:
+        """Labelled rows of a block at most: B - 1 (slot 0 holds the anchor), or B where the anchor's slot drafts."""
+        return self.block_size - (0 if self.method.drafts_anchor_slot else 1)
 
     @property
     def target_layers_run(self) -> int:

@@ -36,6 +36,7 @@ from transformers import PretrainedConfig
 
 from draftline.checkpoint.export import CONFIG_NAME, drafter_config_dict, read_drafter_config
 from draftline.checkpoint.serving.config_rules import check_config, tokenizer_id
+from draftline.checkpoint.serving.dspark_rules import check_dspark_config, check_dspark_files
 from draftline.checkpoint.serving.file_rules import check_files, expected_tensors
 from draftline.checkpoint.serving.findings import (
     ENGINES_READ, MIXED_LAYERS_WARNING, RULES, SGLANG, SGLANG_DEFAULT_MASK_TOKEN, SPECULATORS, VLLM, Finding,
@@ -43,6 +44,7 @@ from draftline.checkpoint.serving.findings import (
 )
 from draftline.errors import DraftlineError
 from draftline.model.config import text_config
+from draftline.model.dspark import is_dspark_config
 
 __all__ = ["ENGINES_READ", "MIXED_LAYERS_WARNING", "RULES", "SGLANG", "SGLANG_DEFAULT_MASK_TOKEN", "SPECULATORS", "VLLM",
            "Finding",
@@ -51,8 +53,10 @@ __all__ = ["ENGINES_READ", "MIXED_LAYERS_WARNING", "RULES", "SGLANG", "SGLANG_DE
 
 # The run's flags that set a config field, named in the train-time check's fixes.
 TRAIN_FLAGS = {"dflash_config.target_layer_ids": "--target-layer-ids", "dflash_config.mask_token_id": "--mask-token-id",
+               "target_layer_ids": "--target-layer-ids", "mask_token_id": "--mask-token-id",
                "block_size": "--block-size", "layer_types": "--layer-types", "sliding_window": "--sliding-window",
-               "use_sliding_window": "--sliding-window"}
+               "use_sliding_window": "--sliding-window", "markov_rank": "--markov-rank",
+               "markov_head_type": "--markov-head-type"}
 
 
 def check_drafter_dir(path: str | Path, target: str | Path | PretrainedConfig,
@@ -80,7 +84,7 @@ def check_drafter_config(config: PretrainedConfig, target_dir: str | Path, targe
 
     data = drafter_config_dict(config, torch.float32)  # the dtype written names no rule
     check = ServingCheck(Path(target_dir), data=data, config=config)
-    check_config(data, Path(target_dir), text_config(target_config), check)
+    _config_rules(data, Path(target_dir), text_config(target_config), check)
     refused = check.refused()
     lines = [f"  - {f.subject}" + (f" ({TRAIN_FLAGS[f.subject]})" if f.subject in TRAIN_FLAGS else "")
              + f": {f.problem}. Fix: {f.fix}" for f in refused]
@@ -133,6 +137,18 @@ def _inspect(path: Path, target_dir: Path | None, target: PretrainedConfig) -> S
     tokenizer, with ``target_dir``)."""
     data, config, config_error = read_drafter_config(path)
     check = ServingCheck(path, data=data, config=config, config_error=config_error)
-    check_config(data, target_dir, target, check)
-    check_files(path, data, check)
+    _config_rules(data, target_dir, target, check)
+    if is_dspark_config(data):
+        check_dspark_files(path, data, check)
+    else:
+        check_files(path, data, check)
     return check
+
+
+def _config_rules(data: dict, target_dir: Path | None, target: PretrainedConfig, check: ServingCheck) -> None:
+    """The config rules of the drafter's layout: a DSpark drafter's (its fields at the top level, its heads), or
+    the DFlash drafter's."""
+    if is_dspark_config(data):
+        check_dspark_config(data, target, check)
+    else:
+        check_config(data, target_dir, target, check)

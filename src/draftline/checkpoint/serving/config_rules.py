@@ -38,13 +38,13 @@ _SWITCHES: tuple[tuple[str, Any, str], ...] = (
 
 
 def check_config(data: dict, target_dir: Path | None, target: PretrainedConfig, check: ServingCheck) -> None:
-    parsed = _parsed(data)
+    parsed_data = parsed(data)
     _check_format(data, check)
-    _check_switches(data, check)
+    check_switches(data, check)
     _check_resolved(data, check)
-    _check_rope(data, parsed, target, check)
-    _check_against_target(data, target, check)
-    _check_layers(data, parsed, target, check)
+    _check_rope(data, parsed_data, target, check)
+    check_against_target(data, target, check)
+    check_layers(data, parsed_data, target, check)
     if target_dir is not None:
         _check_tokenizer(data, target_dir, check)
 
@@ -67,7 +67,7 @@ def dflash_section(data: dict) -> dict:
     return _section(data, "dflash_config")
 
 
-def _parsed(data: dict):
+def parsed(data: dict):
     """config.json as transformers' Qwen3 config reads it (both engines parse it with transformers 5:
     it derives layer_types when absent, drops sliding_window unless use_sliding_window is true, and
     moves rope fields into rope_parameters); None where it does not parse."""
@@ -109,7 +109,7 @@ def _check_format(data: dict, check: ServingCheck) -> None:
             "set the embedding row the drafter was trained with")
 
 
-def _check_switches(data: dict, check: ServingCheck) -> None:
+def check_switches(data: dict, check: ServingCheck) -> None:
     for name, trained, reader in _SWITCHES:
         value = _get(data, name)
         if value is None or value == trained or (trained in (False, 0) and not value):
@@ -196,7 +196,7 @@ def _check_rope(data: dict, parsed, target: PretrainedConfig, check: ServingChec
                    "with its target's")
 
 
-def _check_against_target(data: dict, target: PretrainedConfig, check: ServingCheck) -> None:
+def check_against_target(data: dict, target: PretrainedConfig, check: ServingCheck) -> None:
     add = check.add
     hidden, vocab, depth = int(target.hidden_size), int(target.vocab_size), int(target.num_hidden_layers)
     if data.get("hidden_size") != hidden:
@@ -253,7 +253,7 @@ def _check_against_target(data: dict, target: PretrainedConfig, check: ServingCh
             "remove eagle_aux_hidden_state_layer_ids")
 
 
-def _check_layers(data: dict, parsed, target: PretrainedConfig, check: ServingCheck) -> None:
+def check_layers(data: dict, parsed, target: PretrainedConfig, check: ServingCheck) -> None:
     add = check.add
     num_layers = data.get("num_hidden_layers")
     types, window = ((parsed.layer_types, parsed.sliding_window) if parsed is not None

@@ -9,11 +9,12 @@ from draftline.checkpoint.serving.config_rules import dflash_section
 from draftline.checkpoint.serving.findings import SGLANG, SPECULATORS, VLLM, ServingCheck
 
 
-def check_files(path: Path, data: dict, check: ServingCheck) -> None:
-    """The files in ``path`` and, where there is one, its weights file against ``data`` (its config.json)."""
+def check_files(path: Path, data: dict, check: ServingCheck, extra_tensors: dict | None = None) -> None:
+    """The files in ``path`` and, where there is one, its weights file against ``data`` (its config.json);
+    ``extra_tensors``: a method's heads (name -> shape) the engines map beside the backbone's."""
     _check_files(path, check)
     if (path / WEIGHTS_NAME).is_file():
-        _check_tensors(path, data, check)
+        _check_tensors(path, data, check, extra_tensors or {})
 
 
 def _check_files(path: Path, check: ServingCheck) -> None:
@@ -61,13 +62,13 @@ def _is_vocab_map(name: str) -> bool:
     return "d2t" in name or "t2d" in name
 
 
-def _check_tensors(path: Path, data: dict, check: ServingCheck) -> None:
+def _check_tensors(path: Path, data: dict, check: ServingCheck, extra_tensors: dict) -> None:
     from safetensors import safe_open
 
     add = check.add
     try:
         config = _sizes_config(data)
-        expected = expected_tensors(config)
+        expected = {**expected_tensors(config), **extra_tensors}
     except Exception:  # noqa: BLE001 - sizes that build no drafter; the findings on config.json name them
         if not check.findings:
             add("sizes", CONFIG_NAME, "its sizes build no drafter", "export the drafter with draftline export")

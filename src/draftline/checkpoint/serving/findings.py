@@ -17,7 +17,7 @@ SPECULATORS = "speculators 0.9.0"
 BOTH = f"{VLLM}, {SGLANG}"
 
 # Every rule by id, with the code it describes. tests/checkpoint/test_serving.py holds a drafter broken
-# for each id and checks that every id here is exercised.
+# for each id and checks that every id here is exercised (the ``dspark.*`` ones: test_dspark_serving.py).
 RULES: dict[str, str] = {
     # config.json: what the engines build
     "architectures": BOTH, "model_type": BOTH, "dflash_config": BOTH, "block_size": BOTH,
@@ -43,6 +43,11 @@ RULES: dict[str, str] = {
     "model.safetensors": BOTH, "weight_files": VLLM, "mask_embedding.pt": BOTH, "sizes": BOTH,
     "model_prefix": BOTH, "embed_tokens_lm_head": f"{BOTH}, {SPECULATORS}", "vocab_map": BOTH,
     "unknown_tensors": BOTH, "missing_tensors": BOTH, "tensor_shape": BOTH,
+    # a DSpark drafter (dspark_rules; the backbone's rules above apply to it too)
+    "dspark.architectures": BOTH, "dspark.block_size": BOTH, "dspark.mask_token_id": SGLANG,
+    "dspark.dflash_config": BOTH, "dspark.speculators_model_type": SGLANG, "dspark.sample_from_anchor": VLLM,
+    "dspark.markov_rank": SGLANG, "dspark.markov_head_type": BOTH, "dspark.markov_head_type.vllm": VLLM,
+    "dspark.confidence_flags": BOTH, "dspark.confidence_head_with_markov": BOTH, "dspark.confidence_head_off": SGLANG,
 }
 
 # The warning for a drafter whose layers mix sliding-window and full attention.
@@ -63,7 +68,8 @@ class Finding:
     problem: str
     fix: str
     kind: str = "serving"
-    """'target': the drafter does not fit this target; 'serving': an engine would load it differently."""
+    """'target': the drafter does not fit this target; 'serving': an engine would load it differently; 'vllm':
+    vLLM alone would (SGLang serves it: the export goes ahead, with a warning)."""
 
     def __post_init__(self) -> None:
         assert self.rule in RULES, self.rule

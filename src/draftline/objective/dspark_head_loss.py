@@ -1,0 +1,176 @@
+"""DSpark's two full-vocabulary terms, in chunks of rows, with their gradients formed in the forward.
+
+For a labelled row with drafter hidden state ``h``, Markov latent ``l`` (``model.dspark.MarkovHead.latent``),
+label ``y``, teacher hidden state ``t`` (the target's final hidden state at the row's teacher position) and
+weight ``w``:
+
+    z = head(h) + W2 l              (the Markov-corrected logits; head = the target's frozen LM head with its
+                                     output multiplier and softcap)
+    q = softmax(z), p = softmax(head(t))           (fp32, over the full vocabulary)
+    CE = logsumexp(z) - z[y]                        L1 = sum_v |q_v - p_v|  (= 2 TV)
+    accept = clamp(1 - L1 / 2, 0, 1)                (the expected acceptance of the slot's draft: detached)
+
+and the function returns ``sum w (ce_weight CE + l1_weight L1)`` with the gradients of ``h``, ``l`` and ``W2``:
+
+    dz = w (ce_weight (q - onehot(y)) + l1_weight q (s - <s, q>)),   s = sign(q - p)
+
+(the L1 term's gradient through the softmax; ``sign(0) = 0``, as autograd's ``abs``), ``dh = dz_raw W_head``,
+``dl = dz W2``, ``dW2 = dz^T l``. Backward then only scales them: nothing of ``[rows, vocab]`` is kept.
+
+The matmuls (the head, the bias ``l W2^T`` and the three gradients) run in the head's dtype (bf16 in training,
+as DeepSpec's under autocast); the softmaxes, the reductions and ``dz`` in fp32. Memory per chunk of R rows at
+vocabulary V, at most: the corrected logits and their log-softmax (then q, then dz), the teacher's distribution
+(then q - p, then its sign) and, while it is formed, the teacher's bf16 logits: about ``2.5 * R * V * 4`` bytes
+with a bf16 head (3 with an fp32 head; one more with a softcap, whose derivative is kept). At V = 248,320 that
+is 2.4 GiB for R = 1,024. ``W2``'s gradient is one fp32 [V, r] buffer for the whole call (254 MB at r = 256).
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOSS_BYTES_PER_LOGIT = 10
+"""Bytes per row and vocabulary entry of one chunk with a bf16 head (2.5 fp32 values; the docstring above)."""
+
+
+def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, softcap: float | None):
+    """(logits [R, V], d logits / d raw or None): the head as ``objective.head_loss`` applies it. Plain logits stay
+    in the head's dtype (the caller's fp32 softmax reads them without an fp32 copy); scaled ones are fp32 (fp64 for
+    an fp64 head)."""
+    raw = h.to(weight.dtype) @ weight.t()
+    if multiplier == 1.0 and not softcap:
+        return raw, None
+    logits = raw.to(torch.promote_types(weight.dtype, torch.float32))
+    del raw
+    if multiplier != 1.0:
+        logits.mul_(multiplier)
+    slope = None
+    if softcap:
+        logits.div_(softcap).tanh_()
+        slope = (1 - logits * logits) * multiplier  # d softcap(m raw) / d raw
+        logits.mul_(softcap)
+    return logits, slope
+
+
+class _DSparkHeadLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, latent, w2, head, labels, teacher, row_weights, ce_weight, l1_weight, chunk_rows,
+                multiplier, softcap):
+        # Under autocast the fp32 reductions and the Markov matmuls would run in bf16: the head's matmuls take
+        # the head's dtype explicitly, everything else stays fp32.
+        with torch.autocast(hidden.device.type, enabled=False):
+            return _DSparkHeadLoss._forward(ctx, hidden, latent, w2, head, labels, teacher, row_weights, ce_weight,
+                                            l1_weight, chunk_rows, multiplier, softcap)
+
+    @staticmethod
+    def _forward(ctx, hidden, latent, w2, head, labels, teacher, row_weights, ce_weight, l1_weight, chunk_rows,
+                 multiplier, softcap):
+        need_h, need_latent, need_w2 = ctx.needs_input_grad[:3]
+        need_grad = need_h or need_latent or need_w2
+        rows = hidden.shape[0]
+        device = hidden.device
+        dtype = torch.promote_types(head.dtype, torch.float32)
+        ce_sum = torch.zeros((), dtype=dtype, device=device)
+        l1_sum = torch.zeros((), dtype=dtype, device=device)
+        accept = torch.empty(rows, dtype=dtype, device=device)
+        correct = torch.empty(rows, dtype=torch.bool, device=device)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_latent = torch.empty_like(latent) if need_latent else None
+        grad_w2 = torch.zeros(w2.shape, dtype=dtype, device=device) if need_w2 else None
+        mm = head.dtype  # every matmul in the head's dtype (bf16 in training, as under autocast); the rest fp32
+        w2_mm = w2.to(mm)
+        for start in range(0, rows, chunk_rows):
+            end = min(start + chunk_rows, rows)
+            label = labels[start:end]
+            lat = latent[start:end].to(mm)
+            weights = row_weights[start:end].to(dtype)
+            z, slope = _scaled_logits(hidden[start:end], head, multiplier, softcap)
+            z = z.to(dtype)
+            z += lat @ w2_mm.t()  # + the Markov bias W2 l
+            log_q = torch.log_softmax(z, dim=-1)
+            del z
+            ce = -log_q.gather(1, label[:, None]).squeeze(1)
+            correct[start:end] = log_q.argmax(dim=-1) == label
+            q = log_q.exp_()  # in place
+            raw, _ = _scaled_logits(teacher[start:end], head, multiplier, softcap)
+            diff = torch.log_softmax(raw, dim=-1, dtype=dtype).exp_()  # p, the same arithmetic as q
+            del raw
+            diff = diff.neg_().add_(q)  # q - p, in place
+            l1 = torch.linalg.vector_norm(diff, ord=1, dim=-1)  # |.| inside the reduction: no temporary
+            accept[start:end] = (1.0 - 0.5 * l1).clamp(0.0, 1.0)
+            ce_sum = ce_sum + (ce * weights).sum()
+            l1_sum = l1_sum + (l1 * weights).sum()
+            if not need_grad:
+                continue
+            sign = diff.sign_()
+            sign_q = torch.bmm(sign[:, None, :], q[:, :, None]).view(-1)  # <s, q> per row
+            sign.sub_(sign_q[:, None]).mul_(l1_weight).add_(ce_weight)
+            grad_z = q.mul_(sign)  # ce_weight q + l1_weight q (s - <s, q>)
+            grad_z[torch.arange(end - start, device=device), label] -= ce_weight
+            grad_z.mul_(weights[:, None])
+            del sign
+            grad_mm = grad_z.to(mm)
+            if need_w2:
+                grad_w2 += grad_mm.t() @ lat
+            if need_latent:
+                grad_latent[start:end] = (grad_mm @ w2_mm).to(latent.dtype)
+            if need_h:
+                if slope is not None or multiplier != 1.0:  # through the softcap and the multiplier to the raw logits
+                    grad_mm = grad_z.mul_(slope if slope is not None else multiplier).to(mm)
+                grad_h[start:end] = (grad_mm @ head).to(hidden.dtype)
+        ctx.save_for_backward(grad_h, grad_latent, None if grad_w2 is None else grad_w2.to(w2.dtype))
+        loss = ce_weight * ce_sum + l1_weight * l1_sum
+        ctx.mark_non_differentiable(ce_sum, l1_sum, accept, correct)
+        return loss, ce_sum, l1_sum, accept, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_unused):
+        scaled = [None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors]
+        return (*scaled, None, None, None, None, None, None, None, None, None)
+
+
+def dspark_head_loss(
+    hidden: torch.Tensor,
+    latent: torch.Tensor,
+    w2: torch.Tensor,
+    head_weight: torch.Tensor,
+    labels: torch.Tensor,
+    teacher: torch.Tensor,
+    row_weights: torch.Tensor,
+    *,
+    ce_weight: float = 0.1,
+    l1_weight: float = 0.9,
+    chunk_rows: int = 1024,
+    multiplier: float = 1.0,
+    softcap: float | None = None,
+):
+    """(loss, ce_sum, l1_sum, accept [M], correct [M]) of the labelled rows; see the module docstring.
+
+    hidden [M, H] (the drafter's final normed rows), latent [M, r], w2 [V, r] (``markov_w2.weight``),
+    head_weight [V, H] (frozen), labels [M], teacher [M, H], row_weights [M]. ``loss`` carries the gradients
+    of ``hidden``, ``latent`` and ``w2``; ``ce_sum`` and ``l1_sum`` are the weighted sums of each term (for
+    the metrics), ``accept`` each row's ``clamp(1 - L1 / 2, 0, 1)``, ``correct`` whether the corrected
+    logits' argmax is the label; those four are not differentiable.
+    """
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    return _DSparkHeadLoss.apply(hidden, latent, w2, head_weight.detach(), labels, teacher.detach(), row_weights,
+                                 float(ce_weight), float(l1_weight), int(chunk_rows), float(multiplier), softcap)
+
+
+def plain_dspark_head_loss(hidden, latent, w2, head_weight, labels, teacher, row_weights, *, ce_weight=0.1,
+                           l1_weight=0.9, multiplier=1.0, softcap=None):
+    """The same quantities with full logits materialised and autograd's gradients; the reference for tests."""
+    dtype = torch.promote_types(head_weight.dtype, torch.float32)
+
+    def scaled(x):
+        logits = (x.to(head_weight.dtype) @ head_weight.t()).to(dtype) * multiplier
+        return softcap * torch.tanh(logits / softcap) if softcap else logits
+
+    z = scaled(hidden) + latent.to(dtype) @ w2.to(dtype).t()
+    ce = torch.nn.functional.cross_entropy(z, labels, reduction="none")
+    l1 = (torch.softmax(z, dim=-1) - torch.softmax(scaled(teacher.detach()), dim=-1)).abs().sum(-1)
+    w = row_weights.to(dtype)
+    ce_sum, l1_sum = (ce * w).sum(), (l1 * w).sum()
+    accept = (1.0 - 0.5 * l1.detach()).clamp(0.0, 1.0)
+    return ce_weight * ce_sum + l1_weight * l1_sum, ce_sum.detach(), l1_sum.detach(), accept, z.argmax(-1) == labels

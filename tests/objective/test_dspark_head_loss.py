@@ -1,0 +1,120 @@
+"""DSpark's chunked CE + L1 with gradients formed in the forward, against full logits and autograd."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftline.objective.dspark_head_loss import dspark_head_loss, plain_dspark_head_loss
+
+
+def _inputs(seed=0, rows=13, hidden=12, rank=5, vocab=37, dtype=torch.float64, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=dtype) * scale  # noqa: E731
+    return dict(
+        hidden=rand(rows, hidden), latent=rand(rows, rank), w2=rand(vocab, rank), head_weight=rand(vocab, hidden),
+        labels=torch.randint(0, vocab, (rows,), generator=gen), teacher=rand(rows, hidden),
+        row_weights=torch.rand(rows, generator=gen, dtype=torch.float32) + 0.1,
+    )
+
+
+def _run(fn, inputs, **kwargs):
+    leaves = {k: inputs[k].clone().requires_grad_(True) for k in ("hidden", "latent", "w2")}
+    loss, ce, l1, accept, correct = fn(**{**inputs, **leaves}, **kwargs)
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    return loss.detach(), ce, l1, accept, correct, grads
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 100])
+@pytest.mark.parametrize("weights", [(0.1, 0.9), (1.0, 0.0), (0.0, 1.0), (0.3, 2.0)])
+def test_loss_terms_and_gradients_equal_autograd(chunk, weights):
+    inputs = _inputs(seed=chunk)
+    ce_weight, l1_weight = weights
+    ours = _run(dspark_head_loss, inputs, ce_weight=ce_weight, l1_weight=l1_weight, chunk_rows=chunk)
+    ref = _run(plain_dspark_head_loss, inputs, ce_weight=ce_weight, l1_weight=l1_weight)
+    for mine, theirs in zip(ours[:4], ref[:4]):
+        torch.testing.assert_close(mine.double(), theirs.double(), rtol=1e-6, atol=1e-7)
+    assert torch.equal(ours[4], ref[4])
+    for mine, theirs in zip(ours[5], ref[5]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("multiplier,softcap", [(0.5, None), (1.0, 3.0), (2.0, 1.5)])
+def test_output_multiplier_and_softcap(multiplier, softcap):
+    inputs = _inputs(seed=7, scale=2.0)
+    ours = _run(dspark_head_loss, inputs, chunk_rows=5, multiplier=multiplier, softcap=softcap)
+    ref = _run(plain_dspark_head_loss, inputs, multiplier=multiplier, softcap=softcap)
+    torch.testing.assert_close(ours[0].double(), ref[0].double(), rtol=1e-6, atol=1e-8)
+    for mine, theirs in zip(ours[5], ref[5]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-9)
+
+
+def test_float32_and_a_bfloat16_head():
+    inputs = _inputs(seed=3, dtype=torch.float32)
+    ours = _run(dspark_head_loss, inputs, chunk_rows=3)
+    ref = _run(plain_dspark_head_loss, inputs)
+    torch.testing.assert_close(ours[0], ref[0], rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(ours[5], ref[5]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+    # A bf16 head (the pipeline's frozen head) runs its matmuls in bf16 and the rest in fp32; gradients keep
+    # their leaves' dtypes.
+    low = dict(inputs, head_weight=inputs["head_weight"].bfloat16(), hidden=inputs["hidden"].bfloat16())
+    loss, *_, grads = _run(dspark_head_loss, low, chunk_rows=4)
+    assert torch.isfinite(loss) and grads[0].dtype == torch.bfloat16 and grads[2].dtype == torch.float32
+    torch.testing.assert_close(loss, ref[0], rtol=0.05, atol=0.05)
+
+
+def test_identical_distributions_give_no_l1_and_full_acceptance():
+    """With the drafter's corrected logits equal to the teacher's (no Markov bias, same hidden state), L1 is 0,
+    acceptance 1 and the L1 term adds no gradient (sign(0) = 0, as autograd's abs)."""
+    inputs = _inputs(seed=5)
+    inputs["teacher"] = inputs["hidden"].clone()
+    inputs["latent"] = torch.zeros_like(inputs["latent"])
+    loss, ce, l1, accept, _, grads = _run(dspark_head_loss, inputs, ce_weight=0.0, l1_weight=1.0, chunk_rows=4)
+    assert float(l1) < 1e-12 and torch.allclose(accept, torch.ones_like(accept))
+    assert all(float(g.abs().max()) < 1e-12 for g in grads)
+
+
+def test_memory_is_bounded_by_the_chunk():
+    """Nothing of [rows, vocab] survives the call: backward holds [rows, H], [rows, r] and [V, r] only."""
+    inputs = _inputs(rows=64, vocab=500, dtype=torch.float32)
+    leaves = {k: inputs[k].clone().requires_grad_(True) for k in ("hidden", "latent", "w2")}
+    loss, *_ = dspark_head_loss(**{**inputs, **leaves}, chunk_rows=8)
+    saved = [t for t in loss.grad_fn.saved_tensors if t is not None]
+    assert sorted(tuple(t.shape) for t in saved) == sorted([(64, 12), (64, 5), (500, 5)])
+
+
+def test_rejects_a_bad_chunk():
+    with pytest.raises(ValueError, match="chunk_rows"):
+        dspark_head_loss(**_inputs(), chunk_rows=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_memory_per_chunk_on_cuda_at_an_8b_shape():
+    """8B shape (H 4096, V 151,936), 8,192 labelled rows, rank 256, bf16 head and rows, chunks of 1,024: the
+    call's peak above its inputs stays within 3 x chunk x V x 4 bytes plus the gradients it returns, and the
+    loss equals an fp32 run's within bf16's error."""
+    torch.manual_seed(0)
+    device, rows, hidden, vocab, rank, chunk = "cuda", 8192, 4096, 151936, 256, 1024
+    head = (torch.randn(vocab, hidden, device=device) * 0.02).bfloat16()
+    h = torch.randn(rows, hidden, device=device).bfloat16().requires_grad_(True)
+    teacher = torch.randn(rows, hidden, device=device).bfloat16()
+    latent = (torch.randn(rows, rank, device=device) * 0.02).requires_grad_(True)
+    w2 = (torch.randn(vocab, rank, device=device) * 0.02).requires_grad_(True)
+    labels = torch.randint(0, vocab, (rows,), device=device)
+    weights = torch.rand(rows, device=device)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss, *_ = dspark_head_loss(h, latent, w2, head, labels, teacher, weights, chunk_rows=chunk)
+    grads = torch.autograd.grad(loss, [h, latent, w2])
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    returned = rows * hidden * 2 + rows * rank * 4 + 2 * vocab * rank * 4  # grad_h, grad_latent, grad_w2 (+ fp32 sum)
+    bound = 3 * chunk * vocab * 4 + returned
+    print(f"peak {peak / 2**30:.2f} GiB, bound {bound / 2**30:.2f} GiB")
+    assert peak <= 1.1 * bound, (peak, bound)
+    ref, *_ = dspark_head_loss(h.float(), latent, w2, head.float(), labels, teacher.float(), weights, chunk_rows=chunk)
+    torch.testing.assert_close(loss.float(), ref, rtol=2e-2, atol=0)
+    assert all(torch.isfinite(g).all() for g in grads)
