@@ -14,6 +14,7 @@ from draftline.sizing.workload import lognormal_lengths, packed_batch  # noqa: F
 from draftline.pipeline.build import build_drafter_worker
 from draftline.distributed.health import Health, local_rank_info
 from draftline.pipeline.spec import ModelSpec, RunSpec
+from draftline.methods import method_for
 
 HYBRID_SHAPES = {
     # Qwen3.5-27B / Qwen3.6-27B text stack.
@@ -111,6 +112,7 @@ def make_worker(cfg, device, dtype, max_query_rows, embed, head, head_chunk_rows
     config.engine.recompute = recompute
     config.optim.moments = moments
     config.optim.max_bad_steps = 10**6
+    config.model.method = method_for(cfg).name  # the objective's loss follows the drafter's method
     spec = RunSpec.standalone(config, ModelSpec.from_configs(None, cfg), device, dtype=dtype, total_steps=1000)
     return build_drafter_worker(spec, Health(local_rank_info(0, "bench", device)), embed=embed, head=head)
 

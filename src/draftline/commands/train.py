@@ -42,7 +42,6 @@ def _run(args: argparse.Namespace) -> int:
     from draftline.config import validate
     from draftline.distributed.launch import die_with_launcher, launch
     from draftline.errors import DraftlineError
-    from draftline.pipeline.run import run_training
 
     config = config_from_args(args)
     validate(config)
@@ -59,4 +58,6 @@ def _run(args: argparse.Namespace) -> int:
         return launch(gpus, args.max_restarts, list(getattr(args, "argv", sys.argv[2:])), config.out,
                       config.topology.device)
     die_with_launcher()
+    from draftline.pipeline.run import run_training  # the line's imports (~2 s of torch, transformers) in ranks only
+
     return run_training(config)

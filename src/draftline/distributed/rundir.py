@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from draftline import run_files
-from draftline.checkpoint.state import latest_checkpoint
 from draftline.config import TrainConfig
 from draftline.errors import DraftlineError
 
@@ -41,6 +40,10 @@ def restart_count() -> int:
 
 def decide_start(config: TrainConfig) -> StartDecision:
     """What to do with RUN_DIR given --resume / --from-scratch (pure apart from reading the dir)."""
+    # Here, not at the top: the launcher imports this module for the run lock alone, before any rank starts,
+    # and the checkpoint code brings torch and transformers (~2 s).
+    from draftline.checkpoint.state import latest_checkpoint
+
     run_dir = Path(config.out)
     latest = latest_checkpoint(run_dir) if run_dir.exists() else None
     restarted = restart_count() > 0
