@@ -77,8 +77,25 @@ def build_blocks(
     """Blocks for ``anchors`` (flat token indices into ``batch``, sorted), on the host."""
     if block_size < 2:
         raise ValueError(f"block_size must be >= 2, got {block_size}")
+    check_gamma(gamma)
+    # Label of slot k is the token at the same position, x_{p+k}: the target's next-token at p+k-1.
+    return labelled_blocks(batch, anchors, block_size=block_size, mask_token_id=mask_token_id,
+                           weights=position_weights(block_size, gamma), label_offset=0)
+
+
+def check_gamma(gamma: float) -> None:
+    """A block's position weights need a positive decay constant."""
     if math.isnan(gamma) or gamma <= 0:
         raise ValueError(f"gamma must be a positive number (inf: every label weight 1), got {gamma}")
+
+
+def labelled_blocks(batch: PackedBatch, anchors: torch.Tensor, *, block_size: int, mask_token_id: int,
+                    weights: torch.Tensor, label_offset: int, stop_at_first_gap: bool = False,
+                    with_prev_ids: bool = False) -> BlockBatch:
+    """The blocks of ``anchors``: inputs ``[x_p, MASK x (B-1)]`` at positions ``p .. p+B-1``; slot k's label the
+    token at ``p + k + label_offset`` where it lies in the anchor's document, past the anchor, and in the loss mask
+    (``stop_at_first_gap``: no slot after an unlabelled one is labelled); ``weights`` [B] per slot;
+    ``with_prev_ids``: the token before each label (``BlockBatch.prev_ids``)."""
     input_ids = batch.input_ids.cpu()
     loss_mask = batch.loss_mask.cpu()
     doc_of_token = batch.doc_ids().cpu()
@@ -94,20 +111,17 @@ def build_blocks(
     block_ids[:, 0] = input_ids[anchors]
     block_positions = anchor_pos[:, None] + slots[None, :]
 
-    # Label of slot k is the token at the same position, x_{p+k}: the target's next-token at p+k-1.
-    target_index = anchors[:, None] + slots[None, :]  # [N, B]
-    inside = target_index < doc_end[anchor_doc][:, None]
-    safe_index = target_index.clamp(max=num_tokens - 1)
+    label_index = anchors[:, None] + slots[None, :] + label_offset  # [N, B]
+    inside = (label_index < doc_end[anchor_doc][:, None]) & (label_index > anchors[:, None])
+    safe_index = label_index.clamp(max=num_tokens - 1)
     valid = inside & loss_mask[safe_index]
-    valid[:, 0] = False
-    weights = position_weights(block_size, gamma)[None, :].expand(num_anchors, block_size)
+    if stop_at_first_gap:
+        valid = valid.to(torch.int32).cumprod(dim=1).bool()
+    weights = weights[None, :].expand(num_anchors, block_size)
 
-    flat_valid = valid.reshape(-1)
-    label_rows = torch.nonzero(flat_valid, as_tuple=False).flatten()
+    label_rows = torch.nonzero(valid.reshape(-1), as_tuple=False).flatten()
     label_tokens = safe_index.reshape(-1)[label_rows]
-    labels = input_ids[label_tokens]
-    label_weights = weights.reshape(-1)[label_rows].contiguous()
-
+    teacher_rows = label_tokens - 1  # the target's output there predicts the label
     layout = BlockLayout(doc_of_token, pos_of_token, anchor_doc, anchor_pos, block_size)
     return BlockBatch(
         layout=layout,
@@ -115,11 +129,12 @@ def build_blocks(
         block_positions=block_positions.reshape(-1),
         context_positions=pos_of_token,
         label_rows=label_rows,
-        labels=labels,
-        label_weights=label_weights,
-        teacher_rows=label_tokens - 1,
+        labels=input_ids[label_tokens],
+        label_weights=weights.reshape(-1)[label_rows].contiguous(),
+        teacher_rows=teacher_rows,
         num_anchors=num_anchors,
         block_size=block_size,
+        prev_ids=input_ids[teacher_rows] if with_prev_ids else None,
     )
 
 

@@ -21,13 +21,10 @@ Built on the host from CPU tensors, as ``objective.blocks.build_blocks``; the re
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from draftline.data.batch import PackedBatch
-from draftline.model.attention import BlockLayout
-from draftline.objective.blocks import BlockBatch
+from draftline.objective.blocks import BlockBatch, check_gamma, labelled_blocks
 
 DEFAULT_GAMMA = 4.0
 """DeepSpec trains every DSpark drafter with ``loss_decay_gamma`` 4 (its configs: block 7); SpecForge's
@@ -56,44 +53,8 @@ def build_dspark_blocks(
     """DSpark blocks for ``anchors`` (flat token indices into ``batch``, sorted), on the host."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    if math.isnan(gamma) or gamma <= 0:
-        raise ValueError(f"gamma must be a positive number (inf: every label weight 1), got {gamma}")
-    input_ids = batch.input_ids.cpu()
-    loss_mask = batch.loss_mask.cpu()
-    doc_of_token = batch.doc_ids().cpu()
-    pos_of_token = batch.positions().cpu()
-    doc_end = (batch.doc_starts() + batch.doc_lengths).cpu()  # exclusive, per document
-    num_tokens = input_ids.shape[0]
-    num_anchors = int(anchors.shape[0])
-
-    slots = torch.arange(block_size)
-    anchor_doc = doc_of_token[anchors]
-    anchor_pos = pos_of_token[anchors]
-    block_ids = torch.full((num_anchors, block_size), mask_token_id, dtype=torch.long)
-    block_ids[:, 0] = input_ids[anchors]
-    block_positions = anchor_pos[:, None] + slots[None, :]
-
+    check_gamma(gamma)
     # Slot k's label is the token after its position, x_{p+k+1}; the block stops at its first unlabelled slot.
-    label_index = anchors[:, None] + slots[None, :] + 1  # [N, B]
-    inside = label_index < doc_end[anchor_doc][:, None]
-    safe_index = label_index.clamp(max=num_tokens - 1)
-    valid = (inside & loss_mask[safe_index]).to(torch.int32).cumprod(dim=1).bool()
-    weights = dspark_position_weights(block_size, gamma)[None, :].expand(num_anchors, block_size)
-
-    label_rows = torch.nonzero(valid.reshape(-1), as_tuple=False).flatten()
-    label_tokens = safe_index.reshape(-1)[label_rows]
-    teacher_rows = label_tokens - 1  # p + k: the target's output there predicts the label
-    layout = BlockLayout(doc_of_token, pos_of_token, anchor_doc, anchor_pos, block_size)
-    return BlockBatch(
-        layout=layout,
-        block_input_ids=block_ids.reshape(-1),
-        block_positions=block_positions.reshape(-1),
-        context_positions=pos_of_token,
-        label_rows=label_rows,
-        labels=input_ids[label_tokens],
-        label_weights=weights.reshape(-1)[label_rows].contiguous(),
-        teacher_rows=teacher_rows,
-        num_anchors=num_anchors,
-        block_size=block_size,
-        prev_ids=input_ids[teacher_rows],
-    )
+    return labelled_blocks(batch, anchors, block_size=block_size, mask_token_id=mask_token_id,
+                           weights=dspark_position_weights(block_size, gamma), label_offset=1,
+                           stop_at_first_gap=True, with_prev_ids=True)
