@@ -9,10 +9,10 @@ default): block_size. vLLM builds the vanilla Markov head only, so a gated draft
 
 from __future__ import annotations
 
-import shlex
-
-from draftline.checkpoint.model_card import is_mixed, shell_word, speculative_config_word
-from draftline.checkpoint.serving import ENGINES_READ, MIXED_LAYERS_WARNING
+from draftline.checkpoint.model_card import (
+    engine_command, is_mixed, serving_intro, shell_word, speculative_config_word,
+)
+from draftline.checkpoint.serving import MIXED_LAYERS_WARNING
 
 VLLM_GATED = ("vLLM does not serve this drafter: its DSpark model builds the vanilla Markov head only (no gate_proj), "
               "so it refuses the gated head's tensors at load; serve it with SGLang, or train with "
@@ -56,24 +56,11 @@ def dspark_model_card(config, *, target_name: str, num_parameters: int, warnings
         f"mask token id {config.dflash_config['mask_token_id']}",
         "- no embedding or LM head: the drafter uses the target's",
         "",
-        "## Serving",
-        "",
-        "Set `TARGET` to the target model's directory or hub id and `DRAFTER` to this directory:",
-        "",
-        "```bash",
-        f"TARGET={shlex.quote('/path/to/' + target_name)}",
-        "DRAFTER=/path/to/this/directory",
-        "```",
-        "",
-        f"SGLang (read: {ENGINES_READ['SGLang']}):",
-        "",
-        "```bash",
-        commands["sglang"],
-        "```",
-        "",
+        *serving_intro(target_name),
+        *engine_command("SGLang", commands["sglang"]),
     ]
     if config.markov_head_type == "vanilla":
-        lines += [f"vLLM (read: {ENGINES_READ['vLLM']}):", "", "```bash", commands["vllm"], "```", ""]
+        lines += engine_command("vLLM", commands["vllm"])
     else:
         lines += [f"{VLLM_GATED}.", ""]
     lines.append(f"`--speculative-num-draft-tokens {config.block_size + 1}` is the verified block: the anchor and "

@@ -52,6 +52,18 @@ def shell_word(value: str) -> str:
     return f'"{value}"' if value.startswith("$") else shlex.quote(value)
 
 
+def serving_intro(target_name: str) -> list[str]:
+    """The card's serving section up to the engines' commands: the two paths they take."""
+    return ["## Serving", "", "Set `TARGET` to the target model's directory or hub id and `DRAFTER` to this directory:",
+            "", "```bash", f"TARGET={shlex.quote('/path/to/' + target_name)}", "DRAFTER=/path/to/this/directory", "```",
+            ""]
+
+
+def engine_command(engine: str, command: str) -> list[str]:
+    """One engine's serving command in the card, with the engine's version its rules were read from."""
+    return [f"{engine} (read: {ENGINES_READ[engine]}):", "", "```bash", command, "```", ""]
+
+
 def is_mixed(config) -> bool:
     types = list(getattr(config, "layer_types", None) or [])
     return 0 < types.count("sliding_attention") < len(types)
@@ -79,27 +91,9 @@ def model_card(config, *, target_name: str, num_parameters: int, warnings: list[
         f"{config.num_target_layers}; mask token id {dflash['mask_token_id']}",
         "- no embedding or LM head: the drafter uses the target's",
         "",
-        "## Serving",
-        "",
-        "Set `TARGET` to the target model's directory or hub id and `DRAFTER` to this directory:",
-        "",
-        "```bash",
-        f"TARGET={shlex.quote('/path/to/' + target_name)}",
-        "DRAFTER=/path/to/this/directory",
-        "```",
-        "",
-        f"SGLang (read: {ENGINES_READ['SGLang']}):",
-        "",
-        "```bash",
-        commands["sglang"],
-        "```",
-        "",
-        f"vLLM (read: {ENGINES_READ['vLLM']}):",
-        "",
-        "```bash",
-        commands["vllm"],
-        "```",
-        "",
+        *serving_intro(target_name),
+        *engine_command("SGLang", commands["sglang"]),
+        *engine_command("vLLM", commands["vllm"]),
         f"`--speculative-num-draft-tokens {config.block_size}` is the block size (SGLang would otherwise take "
         f"the config's, and overrides it with only a warning); vLLM's `num_speculative_tokens` is the "
         f"block size minus the anchor, {config.block_size - 1}.",
