@@ -22,15 +22,18 @@ Variants ('+'-joined options):
   ckpt                 whole decoder layers recomputed (``--activation-checkpointing``)
   headcopy             the LM head's gradient in a buffer of its own (the code before the in-place gradient)
   bf16moments          AdamW's moments in bf16, rounded stochastically (``optim.AdamWBf16Moments``: not exact)
+  dspark               a DSpark drafter (``--method dspark``: the default heads, Markov rank 256, and its loss;
+                       the features carry the target's final hidden state) instead of DFlash's
   chunkN               N rows of logits per head chunk (default ``--head-chunk-rows``)
   peer                 SpecForge 0.2.0's DFlash step: its draft model, training wrapper, chunked loss and
                        BF16Optimizer, on the same sample and features (needs ``specforge``, installed --no-deps)
   liger                with ``peer``: its Liger kernels (fused RMSNorm and SwiGLU; needs ``liger-kernel``)
   bf16adamw            with ``peer``: torch's fused AdamW on its bf16 weights (bf16 moments, no fp32 masters)
                        instead of its BF16Optimizer (fp32 masters and moments)
-``none+headcopy`` is the code before the memory cuts; ``cheap`` the code after them.
+``none+headcopy`` is the code before the memory cuts; ``cheap`` the code after them; ``cheap,cheap+dspark`` the
+two methods' steps side by side (docs/benchmarks/2026-12-dspark-step.md).
 
-Measured per variant: step time, ``max_memory_allocated`` over the timed steps, reserved, the device's memory
+Measured per variant: step time, the FLOPs the product counts a step, ``max_memory_allocated`` over the timed steps, reserved, the device's memory
 in use (NVML, else ``cudaMemGetInfo``), memory after building and once the optimizer state exists, and in one
 instrumented step: the memory each decoder layer keeps through the forward, the head loss's transient, and the
 peaks of the forward, the backward and the optimizer step.
@@ -52,6 +55,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workloads import SHAPES, make_worker, packed_batch, target_config  # noqa: E402
 
+from draftline.methods import get_method  # noqa: E402
 from draftline.model.config import build_drafter_config  # noqa: E402
 from draftline.sizing.drafter_memory import (  # noqa: E402
     TRACE_SIZES, DrafterStepMemory, PassSize, compiled_part, drafter_step, layer_saved, traced_bytes, trained_params,
@@ -219,6 +223,8 @@ class Ours:
         from draftline.model.drafter import checkpoint_layers
         from draftline.model.fused import compile_drafter
 
+        if "dspark" in opts:
+            cfg = get_method("dspark").build_config(cfg)
         embed, head = _frozen(cfg, device, dtype)
         chunk = next((int(o[5:]) for o in opts if o.startswith("chunk")), args.head_chunk_rows)
         self.worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head, chunk, compile_layers=False,
@@ -239,7 +245,8 @@ class Ours:
         self.headcopy = "headcopy" in opts
         self.layers = self.worker.drafter.layers
         self.width = self.worker.objective.feature_width
-        self.predicted = None if "eager" in opts or "ckpt" in opts else (mode, chunk, self.headcopy, moments)
+        # The accounting is DFlash's (the memory model adds a method's term apart: sizing.memory_estimate).
+        self.predicted = None if opts & {"eager", "ckpt", "dspark"} else (mode, chunk, self.headcopy, moments)
 
     def patch(self):
         """Swap in the head-loss body of the code before the in-place gradient (a second [R, V] buffer)."""
@@ -458,6 +465,8 @@ def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: 
             return event
 
         ends.append(mark())
+        counters = getattr(getattr(arm, "worker", None), "counters", None)
+        flops0 = counters.flops if counters is not None else None
         for b in batches[args.warmup: args.warmup + args.iters]:
             records.append(arm.step(delivery(b)))
             ends.append(mark())
@@ -469,6 +478,8 @@ def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: 
                           device_used_gib=_device_used(device))
         else:
             times = [1e3 * (b - a) for a, b in zip(ends, ends[1:])]
+        if flops0 is not None:
+            result["tflop_per_step"] = (counters.flops - flops0) / args.iters / 1e12
         result["step_ms"] = [round(t, 2) for t in times]
         result["step_ms_median"] = statistics.median(times)
         result["step_ms_mean"] = statistics.fmean(times)
@@ -505,7 +516,8 @@ def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: 
 
 
 def print_table(results: list[dict]) -> None:
-    cols = [("step_ms_median", "ms med", "8.1f"), ("step_ms_mean", "ms mean", "8.1f"), ("peak_gib", "peak", "7.2f"),
+    cols = [("step_ms_median", "ms med", "8.1f"), ("step_ms_mean", "ms mean", "8.1f"), ("tflop_per_step", "TFLOP", "6.1f"),
+            ("peak_gib", "peak", "7.2f"),
             ("predicted_peak_gib", "pred", "6.2f"), ("reserved_gib", "resv", "6.2f"), ("device_used_gib", "device", "7.2f"),
             ("after_build_gib", "built", "6.2f"), ("after_optimizer_state_gib", "+optim", "6.2f"),
             ("forward_peak_gib", "fwd pk", "6.2f"), ("backward_peak_gib", "bwd pk", "6.2f"),
