@@ -206,3 +206,17 @@ def make_dspark_drafter(target_config=None, *, num_layers=2, block_size=4, marko
     drafter = DSparkDrafter(config).float()
     drafter.reset_parameters(std=std)
     return drafter
+
+
+def namespaces_work(tmp_path) -> bool:
+    """Whether this machine lets a test mount a tiny tmpfs in a user namespace (a real full disk)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        return False
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                           f"mount -t tmpfs -o size=64k tmpfs {probe}"], capture_output=True)
+    return done.returncode == 0

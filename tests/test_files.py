@@ -37,6 +37,7 @@ from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import load_target_config
 from draftline.monitor.loggers import JsonlLogger, TensorBoardLogger
 from draftline.monitor.live import write_trace
+from helpers import namespaces_work
 
 FULL = r"the disk is full \(No space left on device\): [\d.]+ [MG]iB free on "
 
@@ -221,18 +222,8 @@ def test_a_checkpoint_s_drafter_on_a_full_disk_is_named_as_a_full_disk():
     assert isinstance(error, MachineError) and "the disk is full (No space left on device)" in str(error)
 
 
-def _namespaces_work(tmp_path) -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-                           f"mount -t tmpfs -o size=64k tmpfs {probe}"], capture_output=True)
-    return done.returncode == 0
-
-
 def test_on_a_real_full_disk_export_and_report_say_so(qwen3_target, tmp_path):
-    if not _namespaces_work(tmp_path):
+    if not namespaces_work(tmp_path):
         pytest.skip("needs unshare with user and mount namespaces (a tmpfs of a given size)")
     save_drafter(_drafter(qwen3_target), tmp_path / "drafter", dtype=torch.float32)  # ~0.4 MiB in bf16
     run = _run_with_metrics(tmp_path / "run")

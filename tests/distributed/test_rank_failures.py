@@ -50,6 +50,18 @@ def _long_run(target, data, out, save_every=100_000, **extra):
                      save_every=save_every, **extra)
 
 
+def _kill_and_wait(out, victim, proc, lines):
+    """SIGKILL the rank ``victim`` of the run in ``out``: (its pid, when, seconds until the launcher ended, the
+    launcher's stderr)."""
+    pid = _rank_pid(out, victim)
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=90)
+    stopped_after = time.time() - killed_at
+    time.sleep(0.2)  # the last lines
+    return pid, killed_at, stopped_after, "".join(line for _, line in lines)
+
+
 @pytest.mark.parametrize("victim,targets,role", [(2, 2, "target"), (1, 1, "drafter"), (0, 1, "drafter")],
                          ids=["kill-target", "kill-drafter", "kill-logging-drafter"])
 def test_killed_rank_is_named_and_the_run_resumes(qwen3_target, line_data, tmp_path, victim, targets, role):
@@ -63,13 +75,7 @@ def test_killed_rank_is_named_and_the_run_resumes(qwen3_target, line_data, tmp_p
     lines = _stderr_lines(proc)
     wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 3 and (
         not several_drafters or latest_checkpoint(out, quiet=True) is not None), 120, "3 steps", proc)
-    pid = _rank_pid(out, victim)
-    killed_at = time.time()
-    os.kill(pid, signal.SIGKILL)
-    proc.wait(timeout=90)
-    stopped_after = time.time() - killed_at
-    time.sleep(0.2)  # the last lines
-    err = "".join(line for _, line in lines)
+    pid, killed_at, stopped_after, err = _kill_and_wait(out, victim, proc, lines)
     assert proc.returncode != 0
     # Named by a surviving rank (not only by the launcher) within 5 s (issue 16), and the same culprit
     # by every rank that names one.
@@ -112,13 +118,7 @@ def test_a_killed_rank_of_a_target_group_is_named_with_its_group(qwen3_target, l
     proc = start([*_long_run(qwen3_target, line_data, out), "--gpus", "3", "--targets", "2", "--target-parallel", "2"])
     lines = _stderr_lines(proc)
     wait_until(lambda: len(read_jsonl(out / "trace" / "steps.jsonl")) >= 3, 120, "3 steps", proc)
-    pid = _rank_pid(out, victim)
-    killed_at = time.time()
-    os.kill(pid, signal.SIGKILL)
-    proc.wait(timeout=90)
-    stopped_after = time.time() - killed_at
-    time.sleep(0.2)  # the last lines
-    err = "".join(line for _, line in lines)
+    pid, killed_at, stopped_after, err = _kill_and_wait(out, victim, proc, lines)
     assert proc.returncode != 0
     who = f"target rank {victim} (target group 0, its rank {victim - 1} of 2; host "
     named = [at - killed_at for at, line in lines if ("run failed:" in line or ": stopping:" in line)

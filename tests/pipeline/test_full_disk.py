@@ -9,30 +9,20 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+from helpers import namespaces_work
 from line_helpers import ENV, base_args
 
 pytestmark = pytest.mark.slow
 
 
-def _namespaces_work(tmp_path) -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-                           f"mount -t tmpfs -o size=64k tmpfs {probe}"], capture_output=True)
-    return done.returncode == 0
-
-
 def test_a_full_disk_is_named_keeps_the_previous_checkpoint_exits_1_and_resume_continues(qwen3_target, line_data,
                                                                                          tmp_path):
-    if not _namespaces_work(tmp_path):
+    if not namespaces_work(tmp_path):
         pytest.skip("needs unshare with user and mount namespaces (a tmpfs of a given size)")
     disk = tmp_path / "disk"
     disk.mkdir()
