@@ -33,6 +33,7 @@ from draftline.sizing.demo import (
 ASSETS = Path(__file__).parent / "assets"
 TARGET = ASSETS / "tiny-target"
 HELDOUT_PROMPTS = ASSETS / "prompts.jsonl"
+_LOSS_NAMES = {"dpace": "the D-PACE loss", "dflash": "the DFlash loss"}
 
 
 @dataclass
@@ -63,6 +64,9 @@ class DemoConfig:
     target_layer_ids: str = "1,3,4"
     """Feature layers spread up the target (the default stops 3 layers short, for deep targets); not its
     last layer, whose output the serving engines do not capture (``draftline export`` refuses it)."""
+    method: str = "dflash"
+    """The drafter it trains: DFlash. At equal training time DSpark accepted less on this project's two corpora
+    (its step costs 1.46x DFlash's; docs/benchmarks/2026-12-dspark-quality.md)."""
     loss: str = "dpace"
     """train's default, D-PACE: at these settings (480 steps, 3 seeds) it read tau 1.92 against 1.86 for the
     DFlash loss with gamma 1.0, the demo's loss before (docs/benchmarks/2026-12-dpace.md)."""
@@ -152,6 +156,13 @@ class Stages:
             raise RuntimeError(f"`draftline {args[0]}` failed with exit code {result.returncode} (its output is above)")
 
 
+def describe_method(cfg: "DemoConfig") -> str:
+    """What the demo trains, as its header says it."""
+    if cfg.method == "dflash":
+        return f"a DFlash drafter with {_LOSS_NAMES[cfg.loss]}"
+    return f"a {cfg.method} drafter"
+
+
 def train_args(cfg: DemoConfig, data: Path, run_dir: Path, max_steps: int | None = None,
                max_minutes: float | None = None, expected_steps: int | None = None) -> list[str]:
     """``draftline train`` arguments of the demo's run (``max_steps``: the most steps; ``max_minutes``: the time
@@ -167,7 +178,8 @@ def train_args(cfg: DemoConfig, data: Path, run_dir: Path, max_steps: int | None
         "train", "--target", str(TARGET), "--data", str(data), "--out", str(run_dir), "--from-scratch",
         "--gpus", str(cfg.gpus), "--colocated", "--device", "cpu",
         "--draft-layers", str(cfg.draft_layers), "--block-size", str(cfg.block_size), "--init-from-target",
-        "--target-layer-ids", cfg.target_layer_ids, "--loss", cfg.loss,
+        "--target-layer-ids", cfg.target_layer_ids, "--method", cfg.method,
+        *(["--loss", cfg.loss] if cfg.method == "dflash" else []),
         "--max-anchors", str(cfg.max_anchors), "--token-budget", str(cfg.token_budget), "--epochs", str(cfg.epochs),
         "--lr", str(cfg.lr), "--warmup-ratio", "0.05", "--log-every", "10", "--save-every", "200",
         # During the run 4 prompts x 32 tokens (~1 s each; they read 0.89x of eval's 24 x 64: README).
@@ -239,7 +251,8 @@ def run_demo(cfg: DemoConfig) -> dict:
         if late > 1:  # the fewest steps take longer than the time left: said, not hidden in the ETA
             print(f"  behind its plan: the fewest steps the demo trains end it about {late / 60:.1f} min after its "
                   f"{cfg.minutes:g} minutes", flush=True)
-    stages.header("train", f"{cfg.gpus} processes on CPU, each a target and a drafter (torchrun, gloo)"
+    stages.header("train", f"{describe_method(cfg)}; {cfg.gpus} processes on CPU, each a target and a drafter "
+                  "(torchrun, gloo)"
                   + (f", {max_minutes:.1f} min of steps, about {expected} here ({probe_now * 1000:.0f} ms per pass now; "
                      f"at most {max_steps}; the learning rate's schedule follows the time)" if max_steps else ""))
     run_dir = out / "run"
