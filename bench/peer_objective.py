@@ -1,8 +1,9 @@
-"""SpecForge's own DFlash training code, trained on draftline's batches, exported for the official judge.
+"""SpecForge's own DFlash (or DSpark) training code, trained on draftline's batches, exported for the judge.
 
     pip install --no-deps --target .venv-x/site 'specforge==0.2.0'     # the `bench` extra, without its deps
     PYTHONPATH=.venv-x/site:src python bench/peer_objective.py --data DATA --target TARGET --out DIR \\
-        --draft-layers 3 --block-size 8 --max-anchors 32 --max-batch-size 8 --epochs 2 --seed 0 [--peer-loss dpace]
+        --draft-layers 3 --block-size 8 --max-anchors 32 --max-batch-size 8 --epochs 2 --seed 0 \\
+        [--peer-loss dpace | --peer-method dspark]
 
 Nothing of the peer is re-implemented here: its draft model (``specforge.modeling.draft.dflash``),
 its training wrapper and loss (``specforge.algorithms.common.dflash_family_model.OnlineDFlashModel``),
@@ -12,6 +13,19 @@ the DFlash provider's target-layer rule), its embedding/LM-head loader, its padd
 AdamW over fp32 masters of bf16 weights, its grad-norm clip and its warmup + cosine schedule) are
 imported from the ``specforge`` package and called as its trainer calls them. No module is stubbed:
 the DFlash path imports on a CPU as it is.
+
+``--peer-method dspark`` trains its DSpark code instead: its draft model
+(``specforge.modeling.draft.dspark.DSparkDraftModel``: the DFlash backbone, its Markov and confidence
+heads), its training wrapper and loss (``OnlineDSparkModel``: 0.1 CE + 0.9 L1 + 1.0 BCE, its defaults)
+and its collator (``build_dspark_collator``), built by its DSpark providers. SpecForge generates no
+DSpark draft config from the target (it asks for ``model.draft_model_config``, as its shipped
+``configs/*-dspark.json``): the script writes that file as a user would, from the config its DFlash
+generator makes for the same target and layer count (same backbone, same target layers), with
+``DSparkDraftModel`` as the architecture and the heads of draftline's DSpark defaults (Markov rank 256,
+vanilla, confidence head on [h; Markov embedding]: also SpecForge's Qwen3.6-27B DSpark config's). The
+target's final post-norm hidden state (its ``target_last_hidden_states``) comes from draftline's
+``TargetFeatures(final_hidden=True)``. The trained drafter is exported as draftline's DSpark drafter (the
+peer's tensor names are the export's), which ``bench/quality.py`` judges with draftline's DSpark proposer.
 
 What this script supplies (and what therefore differs from a SpecForge run):
 
@@ -45,6 +59,7 @@ from pathlib import Path
 
 import torch
 
+DSPARK_HEADS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
 
 def peer_config(args, mask_token_id: int):
     """The fields of SpecForge's run config that its DFlash builders read."""
@@ -54,20 +69,49 @@ def peer_config(args, mask_token_id: int):
         draft_model_config=None, draft_checkpoint_path=None, mask_token_id=mask_token_id,
         torch_dtype=args.peer_dtype, embedding_key=None, lm_head_key=None, use_liger_kernel=False)
     training = types.SimpleNamespace(
-        strategy="dflash", attention_backend="eager", num_anchors=args.max_anchors,
+        strategy=args.peer_method, attention_backend="eager", num_anchors=args.max_anchors,
         loss_decay_gamma=args.peer_gamma, objective_chunk_blocks=128, loss_type=args.peer_loss, dpace_alpha=0.5,
+        dspark_ce_loss_alpha=0.1, dspark_l1_loss_alpha=0.9, dspark_confidence_head_alpha=1.0,  # its schema's defaults
         learning_rate=args.lr, max_grad_norm=args.grad_clip, warmup_ratio=args.warmup_ratio,
         lr_scheduler="cosine", optimizer_cpu_offload=False)
     return types.SimpleNamespace(model=model, training=training, mode="offline")
 
 
-def build_peer(args, mask_token_id: int, total_steps: int):
-    """SpecForge's draft model, training wrapper and optimizer, built by its own functions."""
-    from specforge.algorithms.dflash.providers import algorithm_providers, build_draft, build_training_model
+def dspark_draft_config_file(args, cfg, heads: dict) -> Path:
+    """The DSpark draft config a SpecForge user writes (its DSpark provider generates none): the config its
+    DFlash generator makes for this target and layer count, as ``DSparkDraftModel`` with ``heads`` in its
+    ``dflash_config``; written to OUT/peer-dspark-config.json."""
+    from specforge.algorithms.dflash.providers import algorithm_providers as dflash_providers
+    from specforge.training.model_loading import resolve_draft_config
+
+    cfg.training.strategy = "dflash"
+    try:
+        dflash = resolve_draft_config(cfg, provider=dflash_providers().model.draft_config).to_dict()
+    finally:
+        cfg.training.strategy = "dspark"
+    dflash["architectures"] = ["DSparkDraftModel"]
+    dflash["dflash_config"] = {k: v for k, v in dflash.get("dflash_config", {}).items() if k != "projector_type"}
+    dflash["dflash_config"].update(heads)
+    dflash.pop("auto_map", None)
+    path = args.out / "peer-dspark-config.json"
+    args.out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dflash, indent=1) + "\n")
+    return path
+
+
+def build_peer(args, mask_token_id: int, total_steps: int, heads: dict | None = None):
+    """SpecForge's draft model, training wrapper and optimizer, built by its own functions (its DSpark ones
+    with ``heads``: the DSpark heads' fields)."""
+    if args.peer_method == "dspark":
+        from specforge.algorithms.dspark.providers import algorithm_providers, build_draft, build_training_model
+    else:
+        from specforge.algorithms.dflash.providers import algorithm_providers, build_draft, build_training_model
     from specforge.training.model_loading import resolve_draft_config
     from transformers import AutoTokenizer
 
     cfg = peer_config(args, mask_token_id)
+    if args.peer_method == "dspark":
+        cfg.model.draft_model_config = str(dspark_draft_config_file(args, cfg, heads or {}))
     provider = algorithm_providers().model.draft_config
     draft_config = resolve_draft_config(cfg, provider=provider)
     torch.manual_seed(args.seed)  # the peer's init: HF normal(0, initializer_range), seeded like its trainer
@@ -82,16 +126,19 @@ def build_peer(args, mask_token_id: int, total_steps: int):
     return parts.model, optimizer, draft_config
 
 
-def padded_rows(batch, features: torch.Tensor, dtype: torch.dtype) -> dict:
-    """A packed draftline batch as the peer's collated rows: one document per row, zero-padded."""
-    from specforge.algorithms.common.dflash_family_data import build_collator
+def padded_rows(batch, features: torch.Tensor, dtype: torch.dtype, last_hidden: torch.Tensor | None = None) -> dict:
+    """A packed draftline batch as the peer's collated rows: one document per row, zero-padded (with
+    ``last_hidden``, the target's final hidden state per token: its DSpark collator's rows)."""
+    from specforge.algorithms.common.dflash_family_data import build_collator, build_dspark_collator
 
     rows = []
     for start, length in zip(batch.doc_starts().tolist(), batch.doc_lengths.tolist()):
         rows.append({"input_ids": batch.input_ids[start:start + length].unsqueeze(0),
                      "loss_mask": batch.loss_mask[start:start + length].long().unsqueeze(0),
                      "hidden_states": features[start:start + length].to(dtype).unsqueeze(0)})
-    return build_collator()(rows)
+        if last_hidden is not None:
+            rows[-1]["target_last_hidden_states"] = last_hidden[start:start + length].to(dtype).unsqueeze(0)
+    return (build_collator() if last_hidden is None else build_dspark_collator())(rows)
 
 
 def our_anchor_draw(model, batch, max_anchors: int, seed: int):
@@ -116,16 +163,18 @@ def our_anchor_draw(model, batch, max_anchors: int, seed: int):
 
 
 def export(model, out: Path, args, drafter_cfg) -> Path:
-    """The peer's trained weights (its bf16 model, as it ships them) in the z-lab format, fp32."""
+    """The peer's trained weights (its bf16 model, as it ships them) in the z-lab format (DSpark: draftline's
+    DSpark export, the same tensor names), fp32."""
     from draftline.checkpoint.export import save_drafter
     from draftline.model.drafter import DFlashDrafter
+    from draftline.model.dspark import DSparkDrafter
 
-    ours = DFlashDrafter(drafter_cfg).float()
+    ours = (DSparkDrafter if args.peer_method == "dspark" else DFlashDrafter)(drafter_cfg).float()
     state = {k: v.float() for k, v in model.draft_model.state_dict().items() if not k.startswith("rotary_emb.")}
     missing, unexpected = ours.load_state_dict(state, strict=False)
     missing = [k for k in missing if "rotary" not in k]
     if missing or unexpected:
-        raise RuntimeError(f"peer tensors do not map onto the z-lab layout: missing {missing}, unexpected {unexpected}")
+        raise RuntimeError(f"peer tensors do not map onto draftline's layout: missing {missing}, unexpected {unexpected}")
     return save_drafter(ours, out, dtype=torch.float32)
 
 
@@ -148,6 +197,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peer-loss", default="dflash", choices=["dflash", "dpace"],
                    help="the peer's loss_type: its DFlash loss, or its D-PACE loss (alpha 0.5; divided by its per-rank "
                         "batch size, as its trainer does) (default: %(default)s)")
+    p.add_argument("--peer-method", default="dflash", choices=["dflash", "dspark"],
+                   help="the peer's training strategy: its DFlash code, or its DSpark code (its heads as draftline's "
+                        "DSpark defaults; --peer-loss does not apply) (default: %(default)s)")
     p.add_argument("--peer-dtype", default="bfloat16", choices=["bfloat16", "float32"],
                    help="its model.torch_dtype (default bf16, as it trains; fp32 master weights either way)")
     p.add_argument("--anchors", default="peer", choices=["peer", "ours"],
@@ -174,6 +226,8 @@ def draftline_config(args):
     config.data.epochs = args.epochs
     config.data.seed = args.seed
     config.optim.max_steps = args.max_steps
+    if args.peer_method == "dspark":
+        config.model.method = "dspark"
     return config
 
 
@@ -181,6 +235,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     args = parser.parse_args()
+    if args.peer_method == "dspark" and args.peer_loss != "dflash":
+        parser.error("--peer-loss applies to --peer-method dflash only (DSpark has its own loss)")
 
     from draftline.model.target import TargetFeatures
     from draftline.pipeline.spec import ModelSpec, plan_data
@@ -190,7 +246,9 @@ def main() -> None:
     plan = plan_data(config, args.data, 1)
     ours_cfg = ModelSpec.resolve(config).drafter_config
     mask_id = int(ours_cfg.dflash_config["mask_token_id"])
-    model, optimizer, peer_cfg = build_peer(args, mask_id, plan.total_steps)
+    dspark = args.peer_method == "dspark"
+    heads = {k: getattr(ours_cfg, k) for k in DSPARK_HEADS} if dspark else None
+    model, optimizer, peer_cfg = build_peer(args, mask_id, plan.total_steps, heads)
     peer_layers = list(model.draft_model.target_layer_ids)
     if args.target_layer_ids:
         peer_layers = [int(x) for x in args.target_layer_ids.split(",")]
@@ -199,10 +257,11 @@ def main() -> None:
         raise RuntimeError(f"feature layers differ: peer {peer_layers}, draftline {ours_cfg.dflash_config['target_layer_ids']}")
     dtype = getattr(torch, args.peer_dtype)
     target = TargetFeatures(str(args.target), peer_layers, device=torch.device("cpu"), dtype=torch.float32,
-                            attn_implementation="sdpa")
+                            attn_implementation="sdpa", final_hidden=dspark)
+    width = len(peer_layers) * int(ours_cfg.hidden_size)
     torch.manual_seed(args.seed)  # the peer's anchor draws come from the global generator
     print(f"peer: {sum(p.numel() for p in model.draft_model.parameters()) / 1e6:.2f}M drafter parameters, "
-          f"{plan.total_steps} steps, layers {peer_layers}, gamma {args.peer_gamma}, {args.peer_dtype}, "
+          f"{plan.total_steps} steps, {args.peer_method}, layers {peer_layers}, gamma {args.peer_gamma}, {args.peer_dtype}, "
           f"anchors {args.anchors}", flush=True)
     model.train()
     start = time.time()
@@ -211,11 +270,12 @@ def main() -> None:
         batch = plan.batch(seq)
         with torch.no_grad():
             features = target(batch)
-        rows = padded_rows(batch, features, dtype)
+        rows = padded_rows(batch, features[:, :width], dtype, features[:, width:] if dspark else None)
         if args.anchors == "ours":
             our_anchor_draw(model, batch, args.max_anchors, args.seed)
+        extra = {"target_last_hidden_states": rows["target_last_hidden_states"]} if dspark else {}
         loss, accuracy, _ = model(input_ids=rows["input_ids"], hidden_states=rows["hidden_states"],
-                                  loss_mask=rows["loss_mask"])
+                                  loss_mask=rows["loss_mask"], **extra)
         loss.backward()
         grad_norm = optimizer.step()
         if seq % 50 == 0 or seq == plan.end_seq - 1:
@@ -224,7 +284,7 @@ def main() -> None:
             print(json.dumps(log[-1]), flush=True)
     train_s = time.time() - start
     final = export(model, args.out / "final", args, ours_cfg)
-    summary = {"arm": "peer", "steps": plan.end_seq, "train_s": train_s, "drafter": str(final),
+    summary = {"arm": "peer", "method": args.peer_method, "steps": plan.end_seq, "train_s": train_s, "drafter": str(final),
                "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "log": log}
     (args.out / "peer.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"peer: trained {plan.end_seq} steps in {train_s:.0f}s; wrote {final}")

@@ -25,7 +25,8 @@ Arms (``--arms``; ``NAME=FLAGS`` adds one: extra ``draftline train`` flags, or `
 peer script): every arm gets the peer's budget and settings, the flags of ``BUDGET``.
 
 - ``peer``: SpecForge's own code (``bench/peer_objective.py``) on the same batches; ``peer-dpace``: the same
-  with its D-PACE loss;
+  with its D-PACE loss; ``peer-dspark``: its DSpark code (``--peer-method dspark``: its DSpark draft model,
+  heads and loss; judged as draftline's DSpark arms are, below);
 - ``init``: ``draftline train --init-from-target`` (train's defaults: the D-PACE loss); ``dflash``: the same
   with ``--loss dflash``; ``random``: ``draftline train --random-init``;
 - a DSpark arm is one with ``--method dspark`` among its flags, e.g.
@@ -64,6 +65,7 @@ BUDGET = ["--draft-layers", "3", "--block-size", "8", "--max-anchors", "32", "--
 ARMS = {
     "peer": "peer:--peer-dtype float32",  # fp32 on the CPU (no bf16 units here: emulated bf16 is ~20x slower)
     "peer-dpace": "peer:--peer-dtype float32 --peer-loss dpace",
+    "peer-dspark": "peer:--peer-dtype float32 --peer-method dspark",
     "init": "--init-from-target",  # train's defaults: the D-PACE loss since 2026-12-04
     "dflash": "--init-from-target --loss dflash",
     "random": "--random-init",
@@ -205,6 +207,8 @@ def run_flops(corpus: dict, train: dict) -> dict:
     from draftline.model.target import load_target_config
 
     flags = [f for f in train["flags"] if f != "--init-from-target"] if train["kind"] == "train" else []
+    if train["kind"] == "peer" and "dspark" in train["flags"]:  # --peer-method dspark: count DSpark's work
+        flags = ["--method", "dspark"]
     flags = [f for f in flags if not f.startswith("--anchors")]
     parser = ap.ArgumentParser()
     add_arguments(parser)
