@@ -53,7 +53,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import SHAPES, make_worker, packed_batch, target_config  # noqa: E402
+from workloads import SHAPES, environment, make_worker, packed_batch, target_config  # noqa: E402
 
 from draftline.methods import get_method  # noqa: E402
 from draftline.model.config import build_drafter_config  # noqa: E402
@@ -535,21 +535,6 @@ def print_table(results: list[dict]) -> None:
               f"{r.get('head', {}).get('transient_gib', float('nan')):.2f} | {losses}")
 
 
-def environment() -> dict:
-    import importlib.metadata as md
-
-    env = {"torch": torch.__version__, "python": sys.version.split()[0]}
-    for pkg in ("transformers", "specforge", "liger-kernel", "flash-attn-4", "triton"):
-        try:
-            env[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            env[pkg] = None
-    if torch.cuda.is_available():
-        env["device"] = torch.cuda.get_device_name()
-        env["device_total_gib"] = torch.cuda.mem_get_info()[1] / GIB
-    return env
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="8b", help="the target shape the drafter is built for")
@@ -600,7 +585,7 @@ def main() -> int:
             print(results[-1]["failed"], flush=True)
         print(json.dumps({k: v for k, v in results[-1].items() if k not in ("step_ms", "losses")}), flush=True)
         if args.json:  # after every variant: a call cut short by its time limit keeps what it measured
-            args.json.write_text(json.dumps({"environment": environment(), "args": vars(args) | {"json": str(args.json)},
+            args.json.write_text(json.dumps({"environment": environment("specforge", "liger-kernel", "flash-attn-4"), "args": vars(args) | {"json": str(args.json)},
                                              "results": results}, indent=1, default=str))
     print_table(results)
     for r in results:

@@ -47,7 +47,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import HYBRID, SHAPES, lognormal_lengths, make_worker, packed_batch, random_target, target_config  # noqa: E402
+from workloads import (  # noqa: E402
+    HYBRID, SHAPES, environment, lognormal_lengths, make_worker, packed_batch, random_target, target_config,
+)
 
 from draftline.model.config import build_drafter_config  # noqa: E402
 from draftline.model.target import TargetFeatures, default_attention  # noqa: E402
@@ -293,21 +295,6 @@ def print_table(rows: list) -> None:
         print(f"| {r['shape']} | {r['scenario']} | " + " | ".join(cells) + " |")
 
 
-def environment() -> dict:
-    import importlib.metadata as md
-
-    env = {"torch": torch.__version__, "python": sys.version.split()[0]}
-    for pkg in ("transformers", "flash-linear-attention", "fla-core", "triton", "nvidia-ml-py"):
-        try:
-            env[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            env[pkg] = None
-    if torch.cuda.is_available():
-        env["device"] = torch.cuda.get_device_name()
-        env["device_total_gib"] = torch.cuda.mem_get_info()[1] / GIB
-    return env
-
-
 def parse_sizes(text: str) -> list[tuple[str, int, int]]:
     """"8b=32768x32768,27b-hybrid=16384x8192" -> [(shape, token budget, query rows), ...]."""
     out = []
@@ -353,7 +340,7 @@ def main() -> int:
     for shape, budget, rows_per_pass in parse_sizes(args.sizes):
         run_shape(args, shape, budget, rows_per_pass, device, dtype, rows)
         if args.json:
-            args.json.write_text(json.dumps({"environment": environment(), "args": vars(args) | {"json": str(args.json)},
+            args.json.write_text(json.dumps({"environment": environment("flash-linear-attention", "fla-core", "nvidia-ml-py"), "args": vars(args) | {"json": str(args.json)},
                                              "rows": rows}, indent=1, default=lambda v: None if v != v else str(v)))
     print_table(rows)
     worst = max((abs(r["error_allocated"]) for r in rows if not math.isnan(r.get("error_allocated", NAN))

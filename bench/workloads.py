@@ -125,3 +125,19 @@ def train_step(worker, delivery) -> None:
     worker.queue_update()
 
 
+def environment(*packages: str) -> dict:
+    """The versions a measurement ran with: torch, Python, ``packages`` (None where absent), the GPU and its
+    capacity as torch reports it."""
+    import importlib.metadata as md
+    import sys
+
+    env = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    for pkg in ("transformers", "triton", *packages):
+        try:
+            env[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            env[pkg] = None
+    if torch.cuda.is_available():
+        env["device"] = torch.cuda.get_device_name()
+        env["device_total_gib"] = torch.cuda.mem_get_info()[1] / 2**30
+    return env
