@@ -220,3 +220,20 @@ def namespaces_work(tmp_path) -> bool:
     done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
                            f"mount -t tmpfs -o size=64k tmpfs {probe}"], capture_output=True)
     return done.returncode == 0
+
+
+def edit_config(path, change):
+    """Apply ``change`` (a function of the dict) to the drafter directory's config.json."""
+    import json
+
+    data = json.loads((path / "config.json").read_text())
+    change(data)
+    (path / "config.json").write_text(json.dumps(data))
+
+
+def edit_tensors(path, change):
+    """Apply ``change`` (tensors -> tensors, or None where it edits them in place) to model.safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path / "model.safetensors")
+    save_file(change(tensors) or tensors, path / "model.safetensors")

@@ -7,19 +7,17 @@ _that_way`` checks that every ``dspark.*`` id of ``RULES`` has one (tests/checkp
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from draftline.checkpoint.export import save_drafter
 from draftline.checkpoint.serving import RULES, check_drafter_config, check_drafter_dir, inspect_drafter_dir
 from draftline.checkpoint.serving.dspark_rules import CONFIDENCE_OFF_WARNING, VLLM_GATED_WARNING
 from draftline.errors import DraftlineError
 from draftline.model.target import load_target_config
-from helpers import make_dspark_drafter
+from helpers import edit_config, edit_tensors, make_dspark_drafter
 
 WARNING_RULES = {"dspark.confidence_head_off"}
 VLLM_ONLY = {"dspark.markov_head_type.vllm"}
@@ -49,17 +47,6 @@ def plain(qwen3_target, tmp_path_factory):
 @pytest.fixture()
 def broken(good, tmp_path):
     return shutil.copytree(good, tmp_path / "broken")
-
-
-def edit_config(path, change):
-    data = json.loads((path / "config.json").read_text())
-    change(data)
-    (path / "config.json").write_text(json.dumps(data))
-
-
-def edit_tensors(path, change):
-    tensors = load_file(path / "model.safetensors")
-    save_file(change(tensors) or tensors, path / "model.safetensors")
 
 
 def refusal(path, target) -> str:

@@ -13,7 +13,6 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from draftline.checkpoint.export import save_drafter
 from draftline.checkpoint.serving import (
@@ -23,6 +22,7 @@ from draftline.errors import DraftlineError
 from draftline.model.config import build_drafter_config
 from draftline.model.drafter import DFlashDrafter
 from draftline.model.target import load_target_config
+from helpers import edit_config, edit_tensors
 
 WARNING_RULES = {"mixed_layers", "max_position_embeddings", "rope_parameters.mrope_section", "rope_parameters.target"}
 
@@ -53,18 +53,6 @@ def mixed(qwen3_target, tmp_path_factory):
 def broken(good, tmp_path):
     """A fresh copy of the good drafter to break."""
     return shutil.copytree(good, tmp_path / "broken")
-
-
-def edit_config(path, change):
-    data = json.loads((path / "config.json").read_text())
-    change(data)
-    (path / "config.json").write_text(json.dumps(data))
-
-
-def edit_tensors(path, change):
-    tensors = load_file(path / "model.safetensors")
-    tensors = change(tensors) or tensors
-    save_file(tensors, path / "model.safetensors")
 
 
 def refusal(path, target) -> str:
