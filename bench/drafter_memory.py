@@ -429,6 +429,7 @@ def measures_memory(device: torch.device) -> bool:
 def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: PassSize) -> dict:
     opts = set(name.split("+"))
     cuda = measures_memory(device)
+    torch._dynamo.reset()  # each variant compiles afresh: none inherits another's graphs or uses up its cache
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()

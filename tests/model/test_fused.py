@@ -66,6 +66,36 @@ def test_compiled_layers_keep_state_dict_and_capture_whole_halves(qwen3_target):
         assert _rel(grad, ref_grads[name]) < 1e-5, name
 
 
+def test_every_half_runs_compiled_however_small_dynamo_s_cache(qwen3_target):
+    """Every layer's halves, wrapped for recomputation, are one code object to dynamo, with an entry per half and
+    per variant (here: whether the input requires a gradient); on the H200 the 8B line ran out of the default 8
+    entries and the rest ran eager. ``compile_drafter`` makes room: with the cache set to 2 entries first, every
+    variant still gets its graph (4 for the halves, the context projection's and the final norm's)."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    config = build_drafter_config(load_target_config(qwen3_target), num_hidden_layers=3, block_size=4)
+    drafter = DFlashDrafter(config)
+    drafter.reset_parameters(std=0.1)
+    graphs = []
+    aot_eager = lookup_backend("aot_eager")
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    original, limit = torch.compile, torch._dynamo.config.recompile_limit
+    torch._dynamo.reset()
+    try:
+        torch._dynamo.config.recompile_limit = 2
+        torch.compile = lambda fn, dynamic=None: original(fn, dynamic=dynamic, backend=counting)
+        compile_drafter(drafter, recompute="cheap")
+        _run(drafter, [40, 23], torch.device("cpu"), torch.float32)
+    finally:
+        torch.compile = original
+        torch._dynamo.config.recompile_limit = limit
+    assert len(graphs) == 6, len(graphs)
+
+
 def _rel(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 

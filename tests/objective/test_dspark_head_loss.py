@@ -84,6 +84,44 @@ def test_memory_is_bounded_by_the_chunk():
     assert sorted(tuple(t.shape) for t in saved) == sorted([(64, 12), (64, 5), (500, 5)])
 
 
+@pytest.mark.parametrize("multiplier,softcap", [(1.0, None), (0.5, None), (2.0, 1.5)])
+@pytest.mark.parametrize("weights", [(0.1, 0.9), (1.0, 0.0), (0.0, 1.0)])
+def test_the_chunk_body_cuda_compiles_equals_autograd(multiplier, softcap, weights):
+    """The buffer path (the body CUDA compiles, run as written here) gives the plain loss, terms and gradients."""
+    inputs = _inputs(seed=11, scale=2.0)
+    ce_weight, l1_weight = weights
+    kw = dict(ce_weight=ce_weight, l1_weight=l1_weight, multiplier=multiplier, softcap=softcap)
+    ours = _run(dspark_head_loss, inputs, chunk_rows=4, fused=True, **kw)
+    ref = _run(plain_dspark_head_loss, inputs, **kw)
+    for mine, theirs in zip(ours[:4], ref[:4]):
+        torch.testing.assert_close(mine.double(), theirs.double(), rtol=1e-6, atol=1e-7)
+    assert torch.equal(ours[4], ref[4])
+    for mine, theirs in zip(ours[5], ref[5]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("multiplier,softcap", [(1.0, None), (0.5, 3.0)])
+@pytest.mark.parametrize("backend", [None, "aot_eager"])
+def test_gradients_written_over_the_buffers_have_the_same_bits(multiplier, softcap, backend):
+    """The compiled path's body writes dz over the Markov bias and the raw logits' gradient over the logits; the
+    terms and both gradients are bit for bit those of the body that returns them (bf16 buffers, as on CUDA)."""
+    from draftline.objective.dspark_head_loss import dspark_chunk_terms, dspark_chunk_terms_into
+
+    torch.manual_seed(4)
+    raw, bias, teacher_raw = ((torch.randn(9, 40) * 3).bfloat16() for _ in range(3))
+    labels, weights = torch.randint(0, 40, (9,)), torch.rand(9)
+    args = (labels, weights, 0.1, 0.9, multiplier, softcap)
+    into = dspark_chunk_terms_into if backend is None else torch.compile(dspark_chunk_terms_into, backend=backend)
+    ce, l1, correct, grad_z, grad_raw = dspark_chunk_terms(raw, bias, teacher_raw, *args, True)
+    raw2, bias2 = raw.clone(), bias.clone()
+    ce2, l12, correct2 = into(raw2, bias2, teacher_raw, *args, True)
+    assert torch.equal(bias2, grad_z.to(bias.dtype)) and torch.equal(raw2, grad_raw.to(raw.dtype))
+    assert torch.equal(ce2, ce) and torch.equal(l12, l1) and torch.equal(correct2, correct)
+    raw3, bias3 = raw.clone(), bias.clone()
+    into(raw3, bias3, teacher_raw, *args, False)  # no gradient wanted: the buffers stay as they were
+    assert torch.equal(raw3, raw) and torch.equal(bias3, bias)
+
+
 def test_rejects_a_bad_chunk():
     with pytest.raises(ValueError, match="chunk_rows"):
         dspark_head_loss(**_inputs(), chunk_rows=0)
@@ -118,3 +156,45 @@ def test_memory_per_chunk_on_cuda_at_an_8b_shape():
     ref, *_ = dspark_head_loss(h.float(), latent, w2, head.float(), labels, teacher.float(), weights, chunk_rows=chunk)
     torch.testing.assert_close(loss.float(), ref, rtol=2e-2, atol=0)
     assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("multiplier,softcap", [(1.0, None), (0.5, 30.0)])
+def test_compiled_chunks_on_cuda_equal_the_eager_loop(multiplier, softcap):
+    """bf16 on CUDA at a real vocabulary: the compiled chunks give the eager loop's loss, terms, acceptances, hits
+    and gradients within bf16's error, and their transient memory stays within ``FUSED_BYTES_PER_LOGIT`` a row
+    and vocabulary entry (4 more with a softcap) plus the gradients returned."""
+    from draftline.objective.dspark_head_loss import FUSED_BYTES_PER_LOGIT
+
+    torch.manual_seed(1)
+    device, rows, hidden, vocab, rank, chunk = "cuda", 4096, 1024, 151936, 256, 1024
+    head = (torch.randn(vocab, hidden, device=device) * 0.05).bfloat16()
+    h = torch.randn(rows, hidden, device=device).bfloat16()
+    teacher = (h.float() + 0.5 * torch.randn(rows, hidden, device=device)).bfloat16()
+    latent = torch.randn(rows, rank, device=device) * 0.05
+    w2 = torch.randn(vocab, rank, device=device) * 0.05
+    labels = torch.randint(0, vocab, (rows,), device=device)
+    weights = torch.rand(rows, device=device)
+    out = {}
+    for fused in (False, True, True):  # the first compiled call compiles; the second is measured
+        leaves = [t.clone().requires_grad_(True) for t in (h, latent, w2)]
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        loss, ce, l1, accept, correct = dspark_head_loss(leaves[0], leaves[1], leaves[2], head, labels, teacher,
+                                                         weights, chunk_rows=chunk, multiplier=multiplier,
+                                                         softcap=softcap, fused=fused)
+        grads = torch.autograd.grad(loss, leaves)
+        torch.cuda.synchronize()
+        out[fused] = (loss, ce, l1, accept, correct, grads, torch.cuda.max_memory_allocated() - base)
+    eager, compiled = out[False], out[True]
+    for a, b in zip(eager[:4], compiled[:4]):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3)
+    assert (eager[4] != compiled[4]).float().mean() < 1e-3
+    for a, b in zip(eager[5], compiled[5]):
+        assert ((b.float() - a.float()).norm() / a.float().norm()) < 2e-2
+    returned = rows * hidden * 2 + rows * rank * 4 + 2 * vocab * rank * 4
+    bound = (FUSED_BYTES_PER_LOGIT + (4 if softcap else 0)) * chunk * vocab + returned
+    print(f"compiled transient {compiled[6] / 2**30:.2f} GiB (eager {eager[6] / 2**30:.2f}), bound {bound / 2**30:.2f}")
+    assert compiled[6] <= 1.1 * bound and compiled[6] < eager[6], (compiled[6], bound, eager[6])

@@ -8,7 +8,7 @@ from transformers import PreTrainedModel, Qwen3Config
 from draftline.errors import DraftlineError
 from draftline.model.dspark import DEFAULT_MARKOV_RANK, DSparkDrafter, build_dspark_config
 from draftline.objective.dspark import DSparkLoss, DSparkObjective
-from draftline.objective.dspark_head_loss import LOSS_BYTES_PER_LOGIT
+from draftline.objective.dspark_head_loss import FUSED_BYTES_PER_LOGIT
 from draftline.objective.loss import ObjectiveSettings
 from draftline.sizing.shapes import MethodShape
 
@@ -93,7 +93,7 @@ class DSpark:
             teacher_head=True,
             final_hidden=True,
             loss_chunk_rows=self.loss.chunk_rows,
-            loss_bytes_per_logit=LOSS_BYTES_PER_LOGIT,
+            loss_bytes_per_logit=FUSED_BYTES_PER_LOGIT,  # sizing is for CUDA, where the chunks are compiled
             loss_fixed_bytes=4 * vocab * rank,
         )
 

@@ -50,6 +50,16 @@ def _training_pass(args, kwargs) -> bool:
     return torch.is_grad_enabled() and not any(isinstance(a, ContextCache) for a in (*args, *kwargs.values()))
 
 
+def _allow_entries(count: int) -> None:
+    """Room in dynamo's cache for the variants of ``count`` compiled functions that share one code object. Every
+    layer's halves, wrapped for recomputation, are one closure (``recompute.selective``'s ``run``): dynamo keys
+    its cache by code object and adds an entry per half and per variant it guards on (which half, whether the
+    input requires a gradient, a shape it specialised), and past ``recompile_limit`` (8 by default) the rest
+    run eager, silently but for one warning: the 8B line on the H200 reached it."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 2 * count + 8)
+
+
 def compile_drafter(drafter: DFlashDrafter, recompute: str = "cheap") -> DFlashDrafter:
     """Compile the drafter's dense parts in place for training passes (see the module docstring).
 
@@ -58,6 +68,7 @@ def compile_drafter(drafter: DFlashDrafter, recompute: str = "cheap") -> DFlashD
     anyway: theirs stay as compiled (``"none"``)."""
     from draftline.model.recompute import selective
 
+    _allow_entries(2 * len(drafter.layers))
     for layer in drafter.layers:
         mode = "none" if getattr(layer, "checkpointed", False) else recompute
         for name in ("attention_inputs", "attention_outputs_and_mlp"):

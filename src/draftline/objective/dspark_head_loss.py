@@ -29,8 +29,16 @@ from __future__ import annotations
 
 import torch
 
+from draftline.objective.head_loss import scale_logits
+
 LOSS_BYTES_PER_LOGIT = 10
-"""Bytes per row and vocabulary entry of one chunk with a bf16 head (2.5 fp32 values; the docstring above)."""
+"""Bytes per row and vocabulary entry of one eager chunk with a bf16 head (2.5 fp32 values; the docstring above)."""
+
+FUSED_BYTES_PER_LOGIT = 10
+"""Bytes per row and vocabulary entry of one compiled chunk (CUDA): three bf16 buffers, the student's and the
+teacher's logits and the Markov bias, which then hold the two gradients, and one fp32 [R, V] buffer that the
+compiled kernels keep between their passes (measured on the H200, tests/objective/test_dspark_head_loss.py);
+a softcap adds another (4 bytes more)."""
 
 
 def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, softcap: float | None):
@@ -52,19 +60,76 @@ def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, sof
     return logits, slope
 
 
+def dspark_chunk_terms(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_weight, multiplier, softcap,
+                       need_grad):
+    """One chunk's (CE [R], L1 [R], correct [R], dz [R, V] or None, d loss / d raw [R, V] or None), functionally.
+
+    ``raw`` and ``teacher_raw`` are the head's logits of the student's and the teacher's rows in the head's dtype
+    (before multiplier and softcap), ``bias`` the Markov bias ``l W2^T``. The same arithmetic as the eager loop of
+    ``_DSparkHeadLoss`` (the module docstring), written without in-place ops so that ``torch.compile`` fuses it
+    into a few passes over the bf16 logits; the gradients are unweighted by ``row_weights``'s sum, in fp32.
+    """
+    logits, tanh = scale_logits(raw, multiplier, softcap)
+    z = logits + bias.to(logits.dtype)
+    log_q = torch.log_softmax(z, dim=-1)
+    ce = -log_q.gather(1, labels[:, None]).squeeze(1)
+    correct = log_q.argmax(dim=-1) == labels
+    q = log_q.exp()
+    diff = q - torch.softmax(scale_logits(teacher_raw, multiplier, softcap)[0], dim=-1)
+    l1 = diff.abs().sum(-1)
+    if not need_grad:
+        return ce, l1, correct, None, None
+    sign = diff.sign()
+    sign_q = (sign * q).sum(-1, keepdim=True)
+    grad_z = q * (ce_weight + l1_weight * (sign - sign_q))
+    vocab = torch.arange(z.shape[1], device=z.device)
+    grad_z = torch.where(vocab[None, :] == labels[:, None], grad_z - ce_weight, grad_z)
+    grad_z = grad_z * row_weights.to(z.dtype)[:, None]
+    grad_raw = grad_z
+    if tanh is not None:
+        grad_raw = grad_raw * (1 - tanh * tanh)
+    if multiplier != 1.0:
+        grad_raw = grad_raw * multiplier
+    return ce, l1, correct, grad_z, grad_raw
+
+
+def dspark_chunk_terms_into(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_weight, multiplier, softcap,
+                            need_grad):
+    """``dspark_chunk_terms`` with the two gradients written over the inputs (when ``need_grad``): ``dz`` over
+    ``bias``, ``d loss / d raw`` over ``raw``, each in its buffer's dtype. Returns (CE, L1, correct). Compiled,
+    nothing of ``[R, V]`` is allocated beyond the three buffers the caller made."""
+    ce, l1, correct, grad_z, grad_raw = dspark_chunk_terms(raw, bias, teacher_raw, labels, row_weights, ce_weight,
+                                                           l1_weight, multiplier, softcap, need_grad)
+    if need_grad:
+        bias.copy_(grad_z)
+        raw.copy_(grad_raw)
+    return ce, l1, correct
+
+
+_FUSED = None
+
+
+def _fused_terms():
+    """``dspark_chunk_terms_into`` compiled (CUDA only)."""
+    global _FUSED
+    if _FUSED is None:
+        _FUSED = torch.compile(dspark_chunk_terms_into, dynamic=True)
+    return _FUSED
+
+
 class _DSparkHeadLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, latent, w2, head, labels, teacher, row_weights, ce_weight, l1_weight, chunk_rows,
-                multiplier, softcap):
+                multiplier, softcap, fused):
         # Under autocast the fp32 reductions and the Markov matmuls would run in bf16: the head's matmuls take
         # the head's dtype explicitly, everything else stays fp32.
         with torch.autocast(hidden.device.type, enabled=False):
             return _DSparkHeadLoss._forward(ctx, hidden, latent, w2, head, labels, teacher, row_weights, ce_weight,
-                                            l1_weight, chunk_rows, multiplier, softcap)
+                                            l1_weight, chunk_rows, multiplier, softcap, fused)
 
     @staticmethod
     def _forward(ctx, hidden, latent, w2, head, labels, teacher, row_weights, ce_weight, l1_weight, chunk_rows,
-                 multiplier, softcap):
+                 multiplier, softcap, fused):
         need_h, need_latent, need_w2 = ctx.needs_input_grad[:3]
         need_grad = need_h or need_latent or need_w2
         rows = hidden.shape[0]
@@ -79,11 +144,31 @@ class _DSparkHeadLoss(torch.autograd.Function):
         grad_w2 = torch.zeros(w2.shape, dtype=dtype, device=device) if need_w2 else None
         mm = head.dtype  # every matmul in the head's dtype (bf16 in training, as under autocast); the rest fp32
         w2_mm = w2.to(mm)
+        body = None if not fused else _fused_terms() if hidden.is_cuda else dspark_chunk_terms_into
         for start in range(0, rows, chunk_rows):
             end = min(start + chunk_rows, rows)
             label = labels[start:end]
             lat = latent[start:end].to(mm)
             weights = row_weights[start:end].to(dtype)
+            if body is not None:
+                raw = hidden[start:end].to(mm) @ head.t()
+                bias = lat @ w2_mm.t()
+                teacher_raw = teacher[start:end].to(mm) @ head.t()
+                ce, l1, correct[start:end] = body(raw, bias, teacher_raw, label, weights, ce_weight, l1_weight,
+                                                  multiplier, softcap, need_grad)
+                del teacher_raw
+                accept[start:end] = (1.0 - 0.5 * l1).clamp(0.0, 1.0)
+                ce_sum = ce_sum + (ce * weights).sum()
+                l1_sum = l1_sum + (l1 * weights).sum()
+                if need_grad:  # bias holds dz now, raw the gradient of the raw logits
+                    if need_w2:
+                        grad_w2 += bias.t() @ lat
+                    if need_latent:
+                        grad_latent[start:end] = (bias @ w2_mm).to(latent.dtype)
+                    if need_h:
+                        grad_h[start:end] = (raw @ head).to(hidden.dtype)
+                del raw, bias
+                continue
             z, slope = _scaled_logits(hidden[start:end], head, multiplier, softcap)
             z = z.to(dtype)
             z += lat @ w2_mm.t()  # + the Markov bias W2 l
@@ -126,7 +211,7 @@ class _DSparkHeadLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, *_unused):
         scaled = [None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors]
-        return (*scaled, None, None, None, None, None, None, None, None, None)
+        return (*scaled, None, None, None, None, None, None, None, None, None, None)
 
 
 def dspark_head_loss(
@@ -143,6 +228,7 @@ def dspark_head_loss(
     chunk_rows: int = 1024,
     multiplier: float = 1.0,
     softcap: float | None = None,
+    fused: bool | None = None,
 ):
     """(loss, ce_sum, l1_sum, accept [M], correct [M]) of the labelled rows; see the module docstring.
 
@@ -150,12 +236,15 @@ def dspark_head_loss(
     head_weight [V, H] (frozen), labels [M], teacher [M, H], row_weights [M]. ``loss`` carries the gradients
     of ``hidden``, ``latent`` and ``w2``; ``ce_sum`` and ``l1_sum`` are the weighted sums of each term (for
     the metrics), ``accept`` each row's ``clamp(1 - L1 / 2, 0, 1)``, ``correct`` whether the corrected
-    logits' argmax is the label; those four are not differentiable.
+    logits' argmax is the label; those four are not differentiable. ``fused`` (default: on CUDA): each
+    chunk's softmaxes, distances and gradients in one body (``dspark_chunk_terms_into``), compiled on CUDA and
+    run as written on CPU; ``False``: the eager in-place loop.
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     return _DSparkHeadLoss.apply(hidden, latent, w2, head_weight.detach(), labels, teacher.detach(), row_weights,
-                                 float(ce_weight), float(l1_weight), int(chunk_rows), float(multiplier), softcap)
+                                 float(ce_weight), float(l1_weight), int(chunk_rows), float(multiplier), softcap,
+                                 hidden.is_cuda if fused is None else bool(fused))
 
 
 def plain_dspark_head_loss(hidden, latent, w2, head_weight, labels, teacher, row_weights, *, ce_weight=0.1,

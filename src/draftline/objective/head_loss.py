@@ -20,10 +20,12 @@ import torch
 
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, softcap: float | None):
-    return _scaled(h.to(weight.dtype) @ weight.t(), multiplier, softcap)
+    return scale_logits(h.to(weight.dtype) @ weight.t(), multiplier, softcap)
 
 
-def _scaled(raw: torch.Tensor, multiplier: float, softcap: float | None):
+def scale_logits(raw: torch.Tensor, multiplier: float, softcap: float | None):
+    """(fp32 logits, tanh of the softcap or None): the head's output multiplier and softcap applied to its raw
+    logits, without in-place ops."""
     logits = raw.to(torch.promote_types(raw.dtype, torch.float32))
     if multiplier != 1.0:
         logits = logits * multiplier
@@ -43,13 +45,13 @@ def loss_and_grad_of_logits(raw, labels, row_weights, multiplier, softcap, teach
     ``_ChunkedHeadLoss``, written functionally so that ``torch.compile`` fuses it into a few
     passes over the logits (on CUDA); the gradient comes back in ``raw``'s dtype.
     """
-    logits, tanh = _scaled(raw, multiplier, softcap)
+    logits, tanh = scale_logits(raw, multiplier, softcap)
     w = row_weights.to(logits.dtype)
     lse = torch.logsumexp(logits, dim=-1)
     picked = logits.gather(1, labels[:, None]).squeeze(1)
     soft = None
     if teacher_raw is not None:
-        soft = torch.softmax(_scaled(teacher_raw, multiplier, softcap)[0], dim=-1)
+        soft = torch.softmax(scale_logits(teacher_raw, multiplier, softcap)[0], dim=-1)
         picked = (1 - distill) * picked + distill * (soft * logits).sum(-1)
     ce = lse - picked
     loss = (ce * w).sum()
