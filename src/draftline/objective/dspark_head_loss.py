@@ -18,11 +18,13 @@ and the function returns ``sum w (ce_weight CE + l1_weight L1)`` with the gradie
 ``dl = dz W2``, ``dW2 = dz^T l``. Backward then only scales them: nothing of ``[rows, vocab]`` is kept.
 
 The matmuls (the head, the bias ``l W2^T`` and the three gradients) run in the head's dtype (bf16 in training,
-as DeepSpec's under autocast); the softmaxes, the reductions and ``dz`` in fp32. Memory per chunk of R rows at
-vocabulary V, at most: the corrected logits and their log-softmax (then q, then dz), the teacher's distribution
-(then q - p, then its sign) and, while it is formed, the teacher's bf16 logits: about ``2.5 * R * V * 4`` bytes
-with a bf16 head (3 with an fp32 head; one more with a softcap, whose derivative is kept). At V = 248,320 that
-is 2.4 GiB for R = 1,024. ``W2``'s gradient is one fp32 [V, r] buffer for the whole call (254 MB at r = 256).
+as DeepSpec's under autocast); the softmaxes, the reductions and ``dz`` in fp32. On CUDA each chunk's work between
+the matmuls is one compiled body (``dspark_chunk_terms_into``): it reads the student's and the teacher's bf16
+logits and the bf16 bias and writes the two gradients over them, about ``FUSED_BYTES_PER_LOGIT`` (10) bytes per
+row and vocabulary entry in all. On the H200, 4,096 rows at V = 151,936 in chunks of 1,024 peaked 1.68 GiB above
+their inputs compiled (the gradients returned included), 3.74 GiB in the eager loop (which CPU runs: the fp32 logits, log-softmax, distributions,
+their difference and sign, in place where it can). ``W2``'s gradient is one fp32 [V, r] buffer for the whole call
+(254 MB at V = 248,320, r = 256).
 """
 
 from __future__ import annotations
@@ -30,9 +32,6 @@ from __future__ import annotations
 import torch
 
 from draftline.objective.head_loss import scale_logits
-
-LOSS_BYTES_PER_LOGIT = 10
-"""Bytes per row and vocabulary entry of one eager chunk with a bf16 head (2.5 fp32 values; the docstring above)."""
 
 FUSED_BYTES_PER_LOGIT = 10
 """Bytes per row and vocabulary entry of one compiled chunk (CUDA): three bf16 buffers, the student's and the
