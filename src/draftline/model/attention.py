@@ -16,6 +16,7 @@ The dense path is exact and simple (CPU, tests, reference); the flex path builds
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import warnings
 from dataclasses import dataclass, field
@@ -325,16 +326,11 @@ def flex_compile_shapes(kernel_options):
     return fx_config.patch(use_duck_shape=False)
 
 
-_FLEX = None
-
-
+@functools.cache
 def _compiled_flex():
-    global _FLEX
-    if _FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
-        _FLEX = torch.compile(flex_attention, dynamic=True)
-    return _FLEX
+    return torch.compile(flex_attention, dynamic=True)
 
 
 FLASH_HEAD_DIMS = (64, 128)

@@ -29,6 +29,8 @@ their difference and sign, in place where it can). ``W2``'s gradient is one fp32
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from draftline.objective.head_loss import scale_logits
@@ -105,15 +107,10 @@ def dspark_chunk_terms_into(raw, bias, teacher_raw, labels, row_weights, ce_weig
     return ce, l1, correct
 
 
-_FUSED = None
-
-
+@functools.cache
 def _fused_terms():
-    """``dspark_chunk_terms_into`` compiled (CUDA only)."""
-    global _FUSED
-    if _FUSED is None:
-        _FUSED = torch.compile(dspark_chunk_terms_into, dynamic=True)
-    return _FUSED
+    """``dspark_chunk_terms_into`` compiled (CUDA only), once."""
+    return torch.compile(dspark_chunk_terms_into, dynamic=True)
 
 
 class _DSparkHeadLoss(torch.autograd.Function):
