@@ -93,7 +93,9 @@ class DemoConfig:
 
     @classmethod
     def quick(cls, out: Path) -> "DemoConfig":
-        """The shortened demo CI runs: same code path, less data and fewer steps."""
+        """The shortened demo CI runs: same code path, less data and fewer steps. 448 conversations x 5 epochs
+        (235 steps) read tau 1.70-1.75 over 3 seeds, 640 x 4 (266 steps) 1.78, 384 x 5 (200 steps) 1.62 and 320 x 6
+        1.56 (docs/benchmarks/2026-12-suite-time.md)."""
         return cls(out=out, conversations=448, epochs=5, minutes=None, eval_prompts=24, eval_max_new_tokens=48,
                    final_in_training=True)
 
