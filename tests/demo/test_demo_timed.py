@@ -83,7 +83,7 @@ def test_the_demo_on_the_clock_hands_training_the_time_left_and_ends_in_its_budg
     assert end["status"] == "finished"
     if end.get("reason") == "time limit":
         assert result["ended_by"] == "time limit" and end["step"] < result["max_steps"]
-        assert f"(--max-minutes {_flag(train, '--max-minutes'):.2f} reached)" in printed
+        assert f"(--max-minutes {_flag(train, '--max-minutes'):g} reached)" in printed
         steps = [r for r in records if r.get("kind") == "train"]
         assert steps[-1]["lr"] < 0.1 * cfg.lr  # the cosine ran on the clock to its floor
     else:
