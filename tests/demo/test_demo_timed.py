@@ -3,9 +3,12 @@ probe, the plan, the regeneration in its planned time, the probe taken again, th
 left as --max-minutes and ended by it, eval, report, and a summary that says what happened.
 
 The stages run as the demo runs them (child processes, torchrun on CPU ranks); only the demo's size is cut
-(64 conversations asked for, 4 evaluation prompts of 16 tokens). The budget is 2 minutes: the demo's
-fixed costs (process starts, the probes, the final checkpoint, eval, report) take about a minute on two
-cores, and the training's share must be the time left, not the floor the demo keeps for a slow machine.
+(64 conversations asked for, 4 evaluation prompts of 16 tokens). The budget is 1.6 minutes: the data takes
+about 15 s on two cores (process starts, the probes), the tail the plan keeps after the training about 50 s
+(30 s plus 40 probe-seconds), and the training's share must be the time left (about 30 s on a probe of
+0.44 s), not the floor the demo keeps for a slow machine (50 steps' worth, 40 probe-seconds: about 18 s
+there). A machine whose probe reads past ~0.6 s is behind that plan (2 minutes: ~0.9 s); the test then
+checks the floor instead.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from draftline.sizing.demo import FEWEST_STEPS, TRAIN_PER_STEP, tail_seconds
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-MINUTES = 2.0
+MINUTES = 1.6
 LATE_S = 30.0
 """How late the demo may end past its budget where its plan fit: the tail after the training (its final
 checkpoint, eval, report) is predicted, not measured, and `make demo` promises 10 minutes for 9.5."""
@@ -83,7 +86,7 @@ def test_the_demo_on_the_clock_hands_training_the_time_left_and_ends_in_its_budg
     assert end["status"] == "finished"
     if end.get("reason") == "time limit":
         assert result["ended_by"] == "time limit" and end["step"] < result["max_steps"]
-        assert f"(--max-minutes {_flag(train, '--max-minutes'):.2f} reached)" in printed
+        assert f"(--max-minutes {_flag(train, '--max-minutes'):g} reached)" in printed
         steps = [r for r in records if r.get("kind") == "train"]
         assert steps[-1]["lr"] < 0.1 * cfg.lr  # the cosine ran on the clock to its floor
     else:
@@ -94,10 +97,11 @@ def test_the_demo_on_the_clock_hands_training_the_time_left_and_ends_in_its_budg
     took = (ended - since) / 60
     if on_plan:
         assert ended <= deadline + LATE_S, (took, result["stage_seconds"])
-    finished = re.search(r"draftline demo finished in ([\d.]+) min \(planned: 2\)", printed)
+    finished = re.search(rf"draftline demo finished in ([\d.]+) min \(planned: {MINUTES:g}\)", printed)
     assert finished and float(finished.group(1)) == pytest.approx(took, abs=0.06)
     assert result["minutes"] == pytest.approx(took, abs=0.01)
-    print(f"timed demo: {took:.2f} of {MINUTES} min, probe {probe_s:.3f} s{'' if on_plan else ' (behind)'}, handed "
+    print(f"timed demo: {took:.2f} of {MINUTES} min, probe {probe_s:.3f} s{'' if on_plan else ' (behind)'}, time left {time_left:.0f} s against a floor of "
+          f"{floor:.0f} s, handed "
           f"{handed:.0f} s, {made} conversations, {end['step']} steps ({end.get('reason')}), {result['stage_seconds']}")
     assert (tmp_path / "demo" / "run" / "report" / "summary.md").is_file()
     assert json.loads((tmp_path / "demo" / "eval.json").read_text())["num_prompts"] == 4

@@ -26,8 +26,8 @@ from pathlib import Path
 from draftline import run_files
 from draftline.cores import usable_cores
 from draftline.sizing.demo import (
-    DemoSize, measure_speed, regeneration_minutes, size_demo, speed_now, step_cap, steps_after_data, tail_seconds,
-    training_limit_s, with_conversations,
+    DemoSize, every_epoch_steps, measure_speed, regeneration_minutes, size_demo, speed_now, step_cap, steps_after_data,
+    tail_seconds, training_limit_s, with_conversations,
 )
 
 ASSETS = Path(__file__).parent / "assets"
@@ -84,8 +84,8 @@ class DemoConfig:
     next: the quick demo compares the two); False: the training ends on a small one (4 prompts x 32
     tokens), which leaves the time of one measurement to the training."""
     evaluations: int = 5
-    """Small measurements of tau during the sized demo's training (each ~1-4 s of the drafter's time on
-    two cores, 4-10 steps' worth)."""
+    """Small measurements of tau during the training (each ~1-4 s of the drafter's time on two cores, 4-10
+    steps' worth; the training's own default, about 10, took a tenth of the quick demo's steps' time)."""
     gpus: int = 2
     """Processes of the line, each a target and a drafter (``--colocated``; on CPU the drafters replicate): on 2
     cores 1.45x the 2 targets + 1 drafter line, the fastest layout measured (docs/benchmarks/2026-12-demo-cpu-line.md)."""
@@ -93,8 +93,10 @@ class DemoConfig:
 
     @classmethod
     def quick(cls, out: Path) -> "DemoConfig":
-        """The shortened demo CI runs: same code path, less data and fewer steps."""
-        return cls(out=out, conversations=640, epochs=4, minutes=None, eval_prompts=24, eval_max_new_tokens=48,
+        """The shortened demo CI runs: same code path, less data and fewer steps. 448 conversations x 5 epochs
+        (235 steps) read tau 1.70-1.75 over 3 seeds, 640 x 4 (266 steps) 1.78, 384 x 5 (200 steps) 1.62 and 320 x 6
+        1.56 (docs/benchmarks/2026-12-suite-time.md)."""
+        return cls(out=out, conversations=448, epochs=5, minutes=None, eval_prompts=24, eval_max_new_tokens=48,
                    final_in_training=True)
 
 
@@ -167,9 +169,12 @@ def train_args(cfg: DemoConfig, data: Path, run_dir: Path, max_steps: int | None
                max_minutes: float | None = None, expected_steps: int | None = None) -> list[str]:
     """``draftline train`` arguments of the demo's run (``max_steps``: the most steps; ``max_minutes``: the time
     the training's steps may take, whatever the machine does meanwhile: the schedule follows it;
-    ``expected_steps``: the steps predicted to fit, which space the measurements during the run)."""
+    ``expected_steps``: the steps predicted to fit, or every epoch's in a fixed-size demo, which space the
+    measurements during the run)."""
     spacing = max(1, (expected_steps or max_steps or 0) // cfg.evaluations)
-    steps = ["--max-steps", str(max_steps), "--eval-every", str(spacing)] if max_steps else []
+    steps = ["--max-steps", str(max_steps)] if max_steps else []
+    if expected_steps or max_steps:
+        steps += ["--eval-every", str(spacing)]
     if max_minutes:
         steps += ["--max-minutes", f"{max_minutes:.2f}"]
     final = (["--eval-final-num-prompts", str(cfg.eval_prompts), "--eval-final-max-new-tokens", str(cfg.eval_max_new_tokens)]
@@ -236,7 +241,8 @@ def run_demo(cfg: DemoConfig) -> dict:
         stages.planned_end = time.time() + size.minutes * 60
     data, made = make_data(cfg, out, stages, None if size is None else regeneration_minutes(size))
 
-    max_steps = expected = probe_now = max_minutes = None
+    max_steps = probe_now = max_minutes = None
+    expected = every_epoch_steps(made, cfg.epochs) if size is None else None  # spaces the measurements
     if size is not None:  # sized again: the conversations made, the machine's speed now, the time left now
         if made < size.conversations:
             print(f"  {made} of {size.conversations} conversations regenerated in the time planned for them", flush=True)
