@@ -65,8 +65,8 @@ class DemoConfig:
     """Feature layers spread up the target (the default stops 3 layers short, for deep targets); not its
     last layer, whose output the serving engines do not capture (``draftline export`` refuses it)."""
     method: str = "dflash"
-    """The drafter it trains: DFlash. At equal training time DSpark accepted less on this project's two corpora
-    (its step costs 1.46x DFlash's; docs/benchmarks/2026-12-dspark-quality.md)."""
+    """The drafter it trains: DFlash. At equal training time DSpark did not accept more on this project's two
+    corpora (docs/benchmarks/2026-12-dspark-quality.md)."""
     loss: str = "dpace"
     """train's default, D-PACE: at these settings (480 steps, 3 seeds) it read tau 1.92 against 1.86 for the
     DFlash loss with gamma 1.0, the demo's loss before (docs/benchmarks/2026-12-dpace.md)."""

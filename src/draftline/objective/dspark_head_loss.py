@@ -22,9 +22,9 @@ as DeepSpec's under autocast); the softmaxes, the reductions and ``dz`` in fp32.
 the matmuls is one compiled body (``dspark_chunk_terms_into``): it reads the student's and the teacher's bf16
 logits and the bf16 bias and writes the two gradients over them, about ``FUSED_BYTES_PER_LOGIT`` (10) bytes per
 row and vocabulary entry in all. On the H200, 4,096 rows at V = 151,936 in chunks of 1,024 peaked 1.68 GiB above
-their inputs compiled (the gradients returned included), 3.74 GiB in the eager loop (which CPU runs: the fp32 logits, log-softmax, distributions,
-their difference and sign, in place where it can). ``W2``'s gradient is one fp32 [V, r] buffer for the whole call
-(254 MB at V = 248,320, r = 256).
+their inputs compiled (the gradients returned included) and 3.74 GiB in the eager loop, which CPU runs (the fp32
+logits, log-softmax, distributions, their difference and sign, in place where it can). ``W2``'s gradient is one
+fp32 [V, r] buffer for the whole call (254 MB at V = 248,320, r = 256).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def dspark_chunk_terms(raw, bias, teacher_raw, labels, row_weights, ce_weight, l
     ``raw`` and ``teacher_raw`` are the head's logits of the student's and the teacher's rows in the head's dtype
     (before multiplier and softcap), ``bias`` the Markov bias ``l W2^T``. The same arithmetic as the eager loop of
     ``_DSparkHeadLoss`` (the module docstring), written without in-place ops so that ``torch.compile`` fuses it
-    into a few passes over the bf16 logits; the gradients are unweighted by ``row_weights``'s sum, in fp32.
+    into a few passes over the bf16 logits. The gradients carry each row's weight (not yet normalised), in fp32.
     """
     logits, tanh = scale_logits(raw, multiplier, softcap)
     z = logits + bias.to(logits.dtype)
