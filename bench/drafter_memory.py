@@ -25,6 +25,7 @@ Variants ('+'-joined options):
   dspark               a DSpark drafter (``--method dspark``: the default heads, Markov rank 256, and its loss;
                        the features carry the target's final hidden state) instead of DFlash's
   chunkN               N rows of logits per head chunk (default ``--head-chunk-rows``)
+  lossN                with ``dspark``: N rows per chunk of DSpark's loss (``DSparkLoss.chunk_rows``)
   peer                 SpecForge 0.2.0's DFlash step: its draft model, training wrapper, chunked loss and
                        BF16Optimizer, on the same sample and features (needs ``specforge``, installed --no-deps)
   liger                with ``peer``: its Liger kernels (fused RMSNorm and SwiGLU; needs ``liger-kernel``)
@@ -125,6 +126,52 @@ def _peak(reset: bool = True) -> float:
     if reset:
         torch.cuda.reset_peak_memory_stats()
     return value
+
+
+def peak_owners(step, top: int = 16) -> dict:
+    """Run ``step`` under CUDA's allocation history and sum what is live at its peak by the innermost frame in
+    draftline's or bench's code that allocated it (inductor's generated code is named by its caller)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    try:
+        step()
+        torch.cuda.synchronize()
+        events = [e for trace in torch.cuda.memory._snapshot()["device_traces"] for e in trace]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+    def replay(until: int):
+        live, now, best, at = {}, base, base, -1
+        for i, e in enumerate(events[:until]):
+            if e["action"] == "alloc":
+                live[e["addr"]] = e
+                now += e["size"]
+            elif e["action"] == "free_requested":
+                live.pop(e["addr"], None)
+                now -= e["size"]
+            if now > best:
+                best, at = now, i
+        return live, best, at
+
+    _, best, at = replay(len(events))
+    live, _, _ = replay(at + 1)
+
+    def owner(e) -> str:
+        for f in e.get("frames") or []:
+            name = f.get("filename", "")
+            if "draftline" in name or "/bench/" in name:
+                return f"{name.rsplit('/', 1)[-1]}:{f.get('line')} {f.get('name')}"
+        return "(no draftline frame)"
+
+    sums: dict[str, list] = {}
+    for e in live.values():
+        entry = sums.setdefault(owner(e), [0, 0])
+        entry[0] += e["size"]
+        entry[1] += 1
+    rows = sorted(sums.items(), key=lambda kv: -kv[1][0])
+    return {"peak_gib": best / GIB, "held_before_step_gib": base / GIB,
+            "owners": [f"{size / GIB:.3f} GiB in {count}: {where}" for where, (size, count) in rows[:top]]}
 
 
 class Probe:
@@ -230,6 +277,9 @@ class Ours:
         self.worker = make_worker(cfg, device, dtype, args.max_query_rows, embed, head, chunk, compile_layers=False,
                                   attention=args.attention)
         self.worker.objective.settings.max_anchors = args.anchors
+        loss_rows = next((int(o[4:]) for o in opts if o.startswith("loss")), None)
+        if loss_rows is not None:
+            self.worker.objective.loss.chunk_rows = loss_rows
         if "ckpt" in opts:
             checkpoint_layers(self.worker.drafter)
         mode = next((m for m in ("none", "cheap", "mlp") if m in opts), "cheap")
@@ -500,6 +550,8 @@ def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: 
                                              marks.pop("forward_rest_peak", float("nan")))
             result["head"] = probe.head
             result.update(marks)
+        if args.peak_owners and cuda:
+            result["peak_owners"] = peak_owners(lambda: arm.step(delivery(batches[-1])))
         if args.saved_tensors:
             try:
                 result["saved_tensors"] = saved_by_layer(arm.layers, lambda: arm.forward_only(delivery(batches[-1])))
@@ -558,6 +610,9 @@ def main() -> int:
                         help="with --predict: what the compiled halves keep, traced on this machine (CPU is enough)")
     parser.add_argument("--saved-tensors", action="store_true",
                         help="also list what autograd saves in one more forward, by layer (saved-tensor hooks)")
+    parser.add_argument("--peak-owners", action="store_true",
+                        help="also run one step under CUDA's allocation history and print what is live at its peak, "
+                             "by the code that allocated it")
     parser.add_argument("--json", type=Path, help="write the results (and the environment) here")
     args = parser.parse_args()
     cfg = build_drafter_config(target_config(args.shape), num_hidden_layers=args.layers, block_size=16)
@@ -590,6 +645,12 @@ def main() -> int:
                                              "results": results}, indent=1, default=str))
     print_table(results)
     for r in results:
+        owners = r.get("peak_owners")
+        if owners:
+            print(f"  {r['variant']}: live at the step's peak, {owners['peak_gib']:.2f} GiB "
+                  f"({owners['held_before_step_gib']:.2f} held before the step):")
+            for line in owners["owners"]:
+                print(f"    {line}")
         for where, entry in (r.get("saved_tensors") or {}).items():
             print(f"  {r['variant']}: saved {where}: " + (entry if isinstance(entry, str) else
                   f"{entry['mib']:.0f} MiB in {entry['tensors']} storages; largest {'; '.join(entry['largest'])}"))

@@ -52,8 +52,10 @@ class DSparkLoss:
     confidence_weight: float = 1.0
     """Binary cross-entropy of the confidence head against the slot's expected acceptance."""
     chunk_rows: int = 1024
-    """Labelled rows whose full-vocabulary distributions exist at once: about 2.5 x rows x vocab x 4 bytes with a
-    bf16 head (2.4 GiB at 1,024 rows and a 248K vocabulary; ``objective.dspark_head_loss``)."""
+    """Labelled rows whose full-vocabulary logits exist at once: on CUDA ``FUSED_BYTES_PER_LOGIT`` (6) x rows x
+    vocab bytes with a bf16 head (1.4 GiB at 1,024 rows and a 248K vocabulary; ``objective.dspark_head_loss``).
+    At the 8B shape 512 rows took the step's peak 0.25 GiB lower and its time 1% higher (H200,
+    docs/benchmarks/2026-12-dspark-step.md): 1,024 stays."""
 
     def __post_init__(self):
         for name in ("ce_weight", "l1_weight", "confidence_weight"):

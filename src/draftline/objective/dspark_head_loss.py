@@ -19,11 +19,13 @@ and the function returns ``sum w (ce_weight CE + l1_weight L1)`` with the gradie
 
 The matmuls (the head, the bias ``l W2^T`` and the three gradients) run in the head's dtype (bf16 in training,
 as DeepSpec's under autocast); the softmaxes, the reductions and ``dz`` in fp32. On CUDA each chunk's work between
-the matmuls is one compiled body (``dspark_chunk_terms_into``): it reads the student's and the teacher's bf16
-logits and the bf16 bias and writes the two gradients over them, about ``FUSED_BYTES_PER_LOGIT`` (10) bytes per
-row and vocabulary entry in all. On the H200, 4,096 rows at V = 151,936 in chunks of 1,024 peaked 1.68 GiB above
-their inputs compiled (the gradients returned included) and 3.74 GiB in the eager loop, which CPU runs (the fp32
-logits, log-softmax, distributions, their difference and sign, in place where it can). ``W2``'s gradient is one
+the matmuls is three compiled stages (``dspark_chunk_terms_into``): the rows' log-normalisers, CE and hits; their
+L1 distances and ``<s, q>``; the gradients, written over the student's logits and the bias. Each stage reads the
+three bf16 buffers (the student's and the teacher's logits, the bias) again and hands on per-row numbers only,
+so a chunk costs ``FUSED_BYTES_PER_LOGIT`` (6) bytes per row and vocabulary entry. On the H200, 4,096 rows at
+V = 151,936 in chunks of 1,024 peaked 1.10 GiB above their inputs compiled (the gradients returned included;
+1.68 GiB when one compiled body kept an fp32 buffer between its passes) and 3.71 GiB in the eager loop, which
+CPU runs (the fp32 logits, log-softmax, distributions, their difference and sign, in place where it can). ``W2``'s gradient is one
 fp32 [V, r] buffer for the whole call (254 MB at V = 248,320, r = 256).
 """
 
@@ -35,11 +37,10 @@ import torch
 
 from draftline.objective.head_loss import scale_logits
 
-FUSED_BYTES_PER_LOGIT = 10
-"""Bytes per row and vocabulary entry of one compiled chunk (CUDA): three bf16 buffers, the student's and the
-teacher's logits and the Markov bias, which then hold the two gradients, and one fp32 [R, V] buffer that the
-compiled kernels keep between their passes (measured on the H200, tests/objective/test_dspark_head_loss.py);
-a softcap adds another (4 bytes more)."""
+FUSED_BYTES_PER_LOGIT = 6
+"""Bytes per row and vocabulary entry of one compiled chunk (CUDA): the three bf16 buffers, the student's and the
+teacher's logits and the Markov bias, which then hold the two gradients. The compiled stages pass each other
+per-row numbers only (tests/objective/test_dspark_head_loss.py measures the bound on CUDA, softcap included)."""
 
 
 def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, softcap: float | None):
@@ -61,28 +62,41 @@ def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, sof
     return logits, slope
 
 
-def dspark_chunk_terms(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_weight, multiplier, softcap,
-                       need_grad):
-    """One chunk's (CE [R], L1 [R], correct [R], dz [R, V] or None, d loss / d raw [R, V] or None), functionally.
-
-    ``raw`` and ``teacher_raw`` are the head's logits of the student's and the teacher's rows in the head's dtype
-    (before multiplier and softcap), ``bias`` the Markov bias ``l W2^T``. The same arithmetic as the eager loop of
-    ``_DSparkHeadLoss`` (the module docstring), written without in-place ops so that ``torch.compile`` fuses it
-    into a few passes over the bf16 logits. The gradients carry each row's weight (not yet normalised), in fp32.
-    """
+def _logits(raw, bias, teacher_raw, multiplier, softcap):
+    """(z, the teacher's logits, tanh of the softcap or None), fp32, recomputed from the bf16 buffers by each
+    stage below rather than kept."""
     logits, tanh = scale_logits(raw, multiplier, softcap)
-    z = logits + bias.to(logits.dtype)
-    log_q = torch.log_softmax(z, dim=-1)
-    ce = -log_q.gather(1, labels[:, None]).squeeze(1)
-    correct = log_q.argmax(dim=-1) == labels
-    q = log_q.exp()
-    diff = q - torch.softmax(scale_logits(teacher_raw, multiplier, softcap)[0], dim=-1)
-    l1 = diff.abs().sum(-1)
-    if not need_grad:
-        return ce, l1, correct, None, None
-    sign = diff.sign()
-    sign_q = (sign * q).sum(-1, keepdim=True)
-    grad_z = q * (ce_weight + l1_weight * (sign - sign_q))
+    return logits + bias.to(logits.dtype), scale_logits(teacher_raw, multiplier, softcap)[0], tanh
+
+
+def chunk_stats(raw, bias, teacher_raw, labels, multiplier, softcap):
+    """Stage 1, reductions over the vocabulary: (logsumexp z [R], logsumexp of the teacher's logits [R], CE [R],
+    correct [R])."""
+    z, t, _ = _logits(raw, bias, teacher_raw, multiplier, softcap)
+    lse_z = torch.logsumexp(z, dim=-1)
+    ce = lse_z - z.gather(1, labels[:, None]).squeeze(1)
+    return lse_z, torch.logsumexp(t, dim=-1), ce, z.argmax(dim=-1) == labels
+
+
+def _q_and_sign(z, t, lse_z, lse_t):
+    q = torch.exp(z - lse_z[:, None])
+    return q, (q - torch.exp(t - lse_t[:, None]))
+
+
+def chunk_distances(raw, bias, teacher_raw, lse_z, lse_t, multiplier, softcap):
+    """Stage 2, reductions: (L1 = sum |q - p| [R], <sign(q - p), q> [R])."""
+    z, t, _ = _logits(raw, bias, teacher_raw, multiplier, softcap)
+    q, diff = _q_and_sign(z, t, lse_z, lse_t)
+    return diff.abs().sum(-1), (diff.sign() * q).sum(-1)
+
+
+def chunk_gradients(raw, bias, teacher_raw, labels, row_weights, lse_z, lse_t, sign_q, ce_weight, l1_weight,
+                    multiplier, softcap):
+    """Stage 3, elementwise: (dz [R, V], d loss / d raw [R, V]), fp32, each row's weight (not yet normalised)
+    included."""
+    z, t, tanh = _logits(raw, bias, teacher_raw, multiplier, softcap)
+    q, diff = _q_and_sign(z, t, lse_z, lse_t)
+    grad_z = q * (ce_weight + l1_weight * (diff.sign() - sign_q[:, None]))
     vocab = torch.arange(z.shape[1], device=z.device)
     grad_z = torch.where(vocab[None, :] == labels[:, None], grad_z - ce_weight, grad_z)
     grad_z = grad_z * row_weights.to(z.dtype)[:, None]
@@ -91,26 +105,59 @@ def dspark_chunk_terms(raw, bias, teacher_raw, labels, row_weights, ce_weight, l
         grad_raw = grad_raw * (1 - tanh * tanh)
     if multiplier != 1.0:
         grad_raw = grad_raw * multiplier
+    return grad_z, grad_raw
+
+
+def chunk_gradients_into(raw, bias, teacher_raw, labels, row_weights, lse_z, lse_t, sign_q, ce_weight, l1_weight,
+                         multiplier, softcap):
+    """``chunk_gradients`` written over its inputs: ``dz`` over ``bias``, ``d loss / d raw`` over ``raw``."""
+    grad_z, grad_raw = chunk_gradients(raw, bias, teacher_raw, labels, row_weights, lse_z, lse_t, sign_q, ce_weight,
+                                       l1_weight, multiplier, softcap)
+    bias.copy_(grad_z)
+    raw.copy_(grad_raw)
+
+
+_STAGES = (chunk_stats, chunk_distances, chunk_gradients_into)
+
+
+def dspark_chunk_terms(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_weight, multiplier, softcap,
+                       need_grad, stages=_STAGES):
+    """One chunk's (CE [R], L1 [R], correct [R], dz [R, V] or None, d loss / d raw [R, V] or None), functionally.
+
+    ``raw`` and ``teacher_raw`` are the head's logits of the student's and the teacher's rows in the head's dtype
+    (before multiplier and softcap), ``bias`` the Markov bias ``l W2^T``. The same arithmetic as the eager loop of
+    ``_DSparkHeadLoss`` (the module docstring), in three stages that each read the bf16 buffers again and pass
+    on only per-row numbers; the gradients carry each row's weight (not yet normalised), in fp32.
+    """
+    lse_z, lse_t, ce, correct = stages[0](raw, bias, teacher_raw, labels, multiplier, softcap)
+    l1, sign_q = stages[1](raw, bias, teacher_raw, lse_z, lse_t, multiplier, softcap)
+    if not need_grad:
+        return ce, l1, correct, None, None
+    grad_z, grad_raw = chunk_gradients(raw, bias, teacher_raw, labels, row_weights, lse_z, lse_t, sign_q,
+                                       ce_weight, l1_weight, multiplier, softcap)
     return ce, l1, correct, grad_z, grad_raw
 
 
 def dspark_chunk_terms_into(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_weight, multiplier, softcap,
-                            need_grad):
+                            need_grad, stages=_STAGES):
     """``dspark_chunk_terms`` with the two gradients written over the inputs (when ``need_grad``): ``dz`` over
-    ``bias``, ``d loss / d raw`` over ``raw``, each in its buffer's dtype. Returns (CE, L1, correct). Compiled,
-    nothing of ``[R, V]`` is allocated beyond the three buffers the caller made."""
-    ce, l1, correct, grad_z, grad_raw = dspark_chunk_terms(raw, bias, teacher_raw, labels, row_weights, ce_weight,
-                                                           l1_weight, multiplier, softcap, need_grad)
+    ``bias``, ``d loss / d raw`` over ``raw``, each in its buffer's dtype. Returns (CE, L1, correct). With each
+    stage compiled (``stages``: CUDA), nothing of ``[R, V]`` is allocated beyond the three buffers the caller
+    made: the stages hand each other per-row numbers only."""
+    lse_z, lse_t, ce, correct = stages[0](raw, bias, teacher_raw, labels, multiplier, softcap)
+    l1, sign_q = stages[1](raw, bias, teacher_raw, lse_z, lse_t, multiplier, softcap)
     if need_grad:
-        bias.copy_(grad_z)
-        raw.copy_(grad_raw)
+        stages[2](raw, bias, teacher_raw, labels, row_weights, lse_z, lse_t, sign_q, ce_weight, l1_weight,
+                  multiplier, softcap)
     return ce, l1, correct
 
 
 @functools.cache
 def _fused_terms():
-    """``dspark_chunk_terms_into`` compiled (CUDA only), once."""
-    return torch.compile(dspark_chunk_terms_into, dynamic=True)
+    """``dspark_chunk_terms_into`` with each stage compiled (CUDA only), once: compiled apart, no stage can keep
+    an fp32 [R, V] buffer for the next."""
+    stages = tuple(torch.compile(stage, dynamic=True) for stage in _STAGES)
+    return functools.partial(dspark_chunk_terms_into, stages=stages)
 
 
 class _DSparkHeadLoss(torch.autograd.Function):
