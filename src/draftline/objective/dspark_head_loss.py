@@ -78,7 +78,8 @@ def chunk_stats(raw, bias, teacher_raw, labels, multiplier, softcap):
     return lse_z, torch.logsumexp(t, dim=-1), ce, z.argmax(dim=-1) == labels
 
 
-def _q_and_sign(z, t, lse_z, lse_t):
+def _q_and_difference(z, t, lse_z, lse_t):
+    """(q, q - p) from the logits and their log-normalisers."""
     q = torch.exp(z - lse_z[:, None])
     return q, (q - torch.exp(t - lse_t[:, None]))
 
@@ -86,7 +87,7 @@ def _q_and_sign(z, t, lse_z, lse_t):
 def chunk_distances(raw, bias, teacher_raw, lse_z, lse_t, multiplier, softcap):
     """Stage 2, reductions: (L1 = sum |q - p| [R], <sign(q - p), q> [R])."""
     z, t, _ = _logits(raw, bias, teacher_raw, multiplier, softcap)
-    q, diff = _q_and_sign(z, t, lse_z, lse_t)
+    q, diff = _q_and_difference(z, t, lse_z, lse_t)
     return diff.abs().sum(-1), (diff.sign() * q).sum(-1)
 
 
@@ -95,7 +96,7 @@ def chunk_gradients(raw, bias, teacher_raw, labels, row_weights, lse_z, lse_t, s
     """Stage 3, elementwise: (dz [R, V], d loss / d raw [R, V]), fp32, each row's weight (not yet normalised)
     included."""
     z, t, tanh = _logits(raw, bias, teacher_raw, multiplier, softcap)
-    q, diff = _q_and_sign(z, t, lse_z, lse_t)
+    q, diff = _q_and_difference(z, t, lse_z, lse_t)
     grad_z = q * (ce_weight + l1_weight * (diff.sign() - sign_q[:, None]))
     vocab = torch.arange(z.shape[1], device=z.device)
     grad_z = torch.where(vocab[None, :] == labels[:, None], grad_z - ce_weight, grad_z)
