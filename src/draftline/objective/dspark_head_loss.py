@@ -25,8 +25,8 @@ three bf16 buffers (the student's and the teacher's logits, the bias) again and 
 so a chunk costs ``FUSED_BYTES_PER_LOGIT`` (6) bytes per row and vocabulary entry. On the H200, 4,096 rows at
 V = 151,936 in chunks of 1,024 peaked 1.10 GiB above their inputs compiled (the gradients returned included;
 1.68 GiB when one compiled body kept an fp32 buffer between its passes) and 3.71 GiB in the eager loop, which
-CPU runs (the fp32 logits, log-softmax, distributions, their difference and sign, in place where it can). ``W2``'s gradient is one
-fp32 [V, r] buffer for the whole call (254 MB at V = 248,320, r = 256).
+CPU runs (the fp32 logits, log-softmax, distributions, their difference and sign, in place where it can).
+``W2``'s gradient is one fp32 [V, r] buffer for the whole call (254 MB at V = 248,320, r = 256).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ _STAGES = (chunk_stats, chunk_distances, chunk_gradients_into)
 
 
 def dspark_chunk_terms(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_weight, multiplier, softcap,
-                       need_grad, stages=_STAGES):
+                       need_grad):
     """One chunk's (CE [R], L1 [R], correct [R], dz [R, V] or None, d loss / d raw [R, V] or None), functionally.
 
     ``raw`` and ``teacher_raw`` are the head's logits of the student's and the teacher's rows in the head's dtype
@@ -130,8 +130,8 @@ def dspark_chunk_terms(raw, bias, teacher_raw, labels, row_weights, ce_weight, l
     ``_DSparkHeadLoss`` (the module docstring), in three stages that each read the bf16 buffers again and pass
     on only per-row numbers; the gradients carry each row's weight (not yet normalised), in fp32.
     """
-    lse_z, lse_t, ce, correct = stages[0](raw, bias, teacher_raw, labels, multiplier, softcap)
-    l1, sign_q = stages[1](raw, bias, teacher_raw, lse_z, lse_t, multiplier, softcap)
+    lse_z, lse_t, ce, correct = chunk_stats(raw, bias, teacher_raw, labels, multiplier, softcap)
+    l1, sign_q = chunk_distances(raw, bias, teacher_raw, lse_z, lse_t, multiplier, softcap)
     if not need_grad:
         return ce, l1, correct, None, None
     grad_z, grad_raw = chunk_gradients(raw, bias, teacher_raw, labels, row_weights, lse_z, lse_t, sign_q,
