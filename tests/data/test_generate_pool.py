@@ -89,10 +89,17 @@ def test_ctrl_c_of_a_run_on_two_workers_ends_with_the_continue_message(chat_targ
     code 130, no traceback, the records already written kept."""
     source = write_jsonl(tmp_path / "in.jsonl", [conversation(i) for i in range(400)])
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "draftline", "regenerate", "--target", str(chat_target),
-                             "--input", source, "--out", str(out), "--batch-size", "2", "--max-new-tokens", "16",
-                             "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    # A command started in a terminal's foreground has SIGINT's default disposition. A test session started in
+    # the background of a non-interactive shell (`pytest &`) ignores SIGINT, and an ignored signal stays
+    # ignored across exec: Python then never raises KeyboardInterrupt, and the run went on to its end.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # a handler is reset to SIG_DFL by exec
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "draftline", "regenerate", "--target", str(chat_target),
+                                 "--input", source, "--out", str(out), "--batch-size", "2", "--max-new-tokens", "16",
+                                 "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     deadline = time.time() + 120
     while not (out.exists() and out.stat().st_size > 0) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
