@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from draftline.data.batch import PackedBatch
@@ -62,3 +63,26 @@ def test_layout_and_visibility_are_dflashs():
 def test_weights_from_slot_zero_and_the_default_gamma():
     assert default_dspark_gamma(7) == default_dspark_gamma(16) == 4.0
     torch.testing.assert_close(dspark_position_weights(3, 2.0), torch.tensor([1.0, math.exp(-0.5), math.exp(-1.0)]))
+
+
+def test_each_loss_chunk_s_distinct_teacher_rows():
+    """Teacher rows [1, 2, 3, 4, 4, 11, 12, 13] (above) in chunks of 3 labelled rows: [1, 2, 3], [4, 4, 11] and
+    [12, 13]; a chunk's repeated row (4: slot 3 of anchor 1 and slot 0 of anchor 4) is computed once."""
+    from draftline.objective.dspark_blocks import distinct_teacher_rows
+
+    blocks = build_dspark_blocks(_batch(), torch.tensor([1, 4, 11]), block_size=4, mask_token_id=MASK, gamma=4.0,
+                                 chunk_rows=3)
+    teacher = blocks.teacher
+    assert teacher.chunk_rows == 3 and teacher.offsets == (0, 3, 5, 7)
+    assert teacher.rows.tolist() == [1, 2, 3, 4, 11, 12, 13]
+    assert teacher.index.tolist() == [0, 1, 2, 0, 0, 1, 0, 1]  # each row's among its own chunk's
+    for c, start in enumerate(range(0, 8, 3)):  # every row reads its own teacher row back
+        chunk_rows = teacher.rows[teacher.offsets[c] : teacher.offsets[c + 1]]
+        assert chunk_rows[teacher.index[start : start + 3]].tolist() == blocks.teacher_rows[start : start + 3].tolist()
+    moved = blocks.to("cpu")
+    assert moved.teacher.offsets == teacher.offsets and torch.equal(moved.teacher.index, teacher.index)
+    assert build_dspark_blocks(_batch(), torch.tensor([1]), block_size=4, mask_token_id=MASK, gamma=4.0).teacher is None
+    empty = distinct_teacher_rows(torch.zeros(0, dtype=torch.long), 4)
+    assert empty.offsets == (0,) and empty.rows.numel() == 0
+    with pytest.raises(ValueError, match="chunk_rows must be >= 1"):
+        distinct_teacher_rows(blocks.teacher_rows, 0)

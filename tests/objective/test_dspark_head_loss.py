@@ -142,6 +142,71 @@ def test_each_stage_compiled_apart_gives_the_same_bits():
     assert not torch.equal(buffers[0][0], raw)  # the gradient was written
 
 
+def _shared_teachers(inputs, chunk, seed=0):
+    """``inputs`` whose rows read teachers that overlapping blocks share: each row's teacher drawn from a few
+    tokens; (per-row inputs, the same with each chunk's distinct teacher rows and each row's index among them)."""
+    from draftline.objective.dspark_blocks import distinct_teacher_rows
+
+    rows = inputs["hidden"].shape[0]
+    tokens = torch.randn(6, inputs["teacher"].shape[1], generator=torch.Generator().manual_seed(seed),
+                         dtype=inputs["teacher"].dtype)
+    teacher_rows = torch.randint(0, 6, (rows,), generator=torch.Generator().manual_seed(seed + 1))
+    per_row = dict(inputs, teacher=tokens[teacher_rows])
+    distinct = distinct_teacher_rows(teacher_rows, chunk)
+    assert distinct.rows.numel() < rows or chunk == 1  # some rows of a chunk share a teacher
+    return per_row, dict(inputs, teacher=tokens[distinct.rows], teacher_index=distinct.index,
+                         teacher_offsets=distinct.offsets)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["eager-loop", "chunk-body"])
+@pytest.mark.parametrize("chunk", [1, 4, 5, 100])
+@pytest.mark.parametrize("multiplier,softcap", [(1.0, None), (2.0, 1.5)])
+def test_distinct_teacher_rows_give_the_loss_of_a_teacher_per_row(fused, chunk, multiplier, softcap):
+    """Each chunk's teacher logits computed once per distinct teacher row, then read by index: the loss, terms and
+    gradients of the per-row teacher, and of the full-logits reference."""
+    per_row, distinct = _shared_teachers(_inputs(seed=chunk, scale=2.0), chunk)
+    kw = dict(chunk_rows=chunk, fused=fused, multiplier=multiplier, softcap=softcap)
+    ours = _run(dspark_head_loss, distinct, **kw)
+    rows = _run(dspark_head_loss, per_row, **kw)
+    ref = _run(plain_dspark_head_loss, per_row, multiplier=multiplier, softcap=softcap)
+    for expected in (rows, ref):
+        for mine, theirs in zip(ours[:4], expected[:4]):
+            torch.testing.assert_close(mine.double(), theirs.double(), rtol=1e-6, atol=1e-7)
+        assert torch.equal(ours[4], expected[4])
+        for mine, theirs in zip(ours[5], expected[5]):
+            torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-9)
+
+
+def test_distinct_teacher_rows_compiled_stages_give_the_same_bits():
+    """The stages compiled apart (aot_eager here) read each row's teacher by index as the uncompiled body does."""
+    import functools
+
+    from draftline.objective import dspark_head_loss as module
+
+    torch.manual_seed(6)
+    raw, bias = ((torch.randn(7, 33) * 3).bfloat16() for _ in range(2))
+    teacher_raw, pick = (torch.randn(3, 33) * 3).bfloat16(), torch.tensor([0, 0, 1, 2, 1, 2, 2])
+    args = (torch.randint(0, 33, (7,)), torch.rand(7), 0.1, 0.9, 1.0, None, True, pick)
+    staged = functools.partial(module.dspark_chunk_terms_into,
+                               stages=tuple(torch.compile(s, backend="aot_eager") for s in module._STAGES))
+    buffers = [(raw.clone(), bias.clone()) for _ in range(3)]
+    plain = module.dspark_chunk_terms_into(*buffers[0], teacher_raw, *args)
+    compiled = staged(*buffers[1], teacher_raw, *args)
+    per_row = module.dspark_chunk_terms_into(*buffers[2], teacher_raw[pick], *args[:-1])
+    for other in (compiled, per_row):
+        assert all(torch.equal(a, b) for a, b in zip(plain, other))
+    assert all(torch.equal(a, b) for a, b in zip(buffers[0], buffers[1]))
+    assert all(torch.equal(a, b) for a, b in zip(buffers[0], buffers[2]))
+
+
+def test_teacher_offsets_cut_for_other_chunks_are_refused():
+    per_row, distinct = _shared_teachers(_inputs(), 4)
+    with pytest.raises(ValueError, match="cut for other chunks"):
+        dspark_head_loss(**distinct, chunk_rows=5)
+    with pytest.raises(ValueError, match="go together"):
+        dspark_head_loss(**dict(distinct, teacher_index=None), chunk_rows=4)
+
+
 def test_rejects_a_bad_chunk():
     with pytest.raises(ValueError, match="chunk_rows"):
         dspark_head_loss(**_inputs(), chunk_rows=0)

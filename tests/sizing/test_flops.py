@@ -367,11 +367,15 @@ def test_a_dspark_pass_s_flops_are_its_own_matmuls_plus_visible_pairs(qwen3_targ
 
     matmuls = _matmul_flops(step) + 6 * labelled * (config.hidden_size + 16)
     shape = dataclasses.replace(DrafterShape.of(config), method=method.shape(config))
+    # Overlapping blocks share teacher rows: the teacher's head runs once per distinct row of a loss chunk.
+    distinct = int(blocks.teacher.rows.shape[0])
+    assert distinct < labelled
     parts = drafter_flops_breakdown(shape, num_context_rows=blocks.layout.num_context,
-                                    anchor_positions=blocks.layout.anchor_pos, num_labelled_rows=labelled)
+                                    anchor_positions=blocks.layout.anchor_pos, num_labelled_rows=labelled,
+                                    num_teacher_rows=distinct)
     assert parts["heads"] + parts["teacher_head"] + sum(parts[k] for k in ("layers", "context_kv", "fc", "lm_head")) \
         == matmuls
-    assert parts["teacher_head"] == 2 * labelled * config.hidden_size * config.vocab_size
+    assert parts["teacher_head"] == 2 * distinct * config.hidden_size * config.vocab_size
     visible = sum(1 for a in blocks.layout.anchor_pos.tolist() for _slot in range(4) for key in range(a + 4))
     assert parts["attention"] == 2 * 3 * 4 * config.num_attention_heads * config.head_dim * visible
     assert drafter_flops_of_blocks(shape, blocks) == sum(parts.values())

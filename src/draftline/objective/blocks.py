@@ -21,6 +21,19 @@ from draftline.model.attention import BlockLayout
 
 
 @dataclass
+class TeacherRows:
+    """The distinct teacher rows of each chunk of labelled rows: a chunk's labels come from overlapping blocks
+    (anchors a few tokens apart, each block B rows long), so many of its rows share a teacher token, whose
+    logits the loss then computes once. Chunk ``c`` covers labelled rows ``[c * chunk_rows, (c + 1) *
+    chunk_rows)`` and its distinct rows are ``rows[offsets[c]:offsets[c + 1]]``."""
+
+    chunk_rows: int
+    rows: torch.Tensor  # [U] int64, the chunks' distinct teacher rows, chunk after chunk
+    index: torch.Tensor  # [M] int64, each labelled row's teacher among its chunk's distinct rows (chunk-local)
+    offsets: tuple[int, ...]  # host ints, one more than the chunks
+
+
+@dataclass
 class BlockBatch:
     """All blocks of one batch, rows ordered anchor-major (row = a * B + k)."""
 
@@ -35,11 +48,14 @@ class BlockBatch:
     num_anchors: int
     block_size: int
     prev_ids: torch.Tensor | None = None  # [M] int64, the token before each label (DSpark's Markov input)
+    teacher: "TeacherRows | None" = None  # DSpark: each loss chunk's distinct teacher rows (objective.dspark_blocks)
 
     def _map(self, fn, layout: BlockLayout) -> "BlockBatch":
         tensors = {f.name: fn(getattr(self, f.name)) for f in fields(self)
                    if isinstance(getattr(self, f.name), torch.Tensor)}
-        return replace(self, layout=layout, **tensors)
+        teacher = None if self.teacher is None else replace(self.teacher, rows=fn(self.teacher.rows),
+                                                            index=fn(self.teacher.index))
+        return replace(self, layout=layout, teacher=teacher, **tensors)
 
     def to(self, device: torch.device | str) -> "BlockBatch":
         return self._map(lambda t: t.to(device, non_blocking=True), self.layout.to(device))

@@ -106,7 +106,7 @@ class DSparkObjective(DFlashObjective):
 
     def build(self, batch: PackedBatch, anchors: torch.Tensor) -> BlockBatch:
         return build_dspark_blocks(batch, anchors, block_size=self.block_size, mask_token_id=self.mask_token_id,
-                                   gamma=self.gamma)
+                                   gamma=self.gamma, chunk_rows=self.loss.chunk_rows)
 
     def forward(self, features: torch.Tensor, blocks: BlockBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(weighted loss sum, metrics vector) of one pass; both stay on the device."""
@@ -117,14 +117,16 @@ class DSparkObjective(DFlashObjective):
             metrics = torch.zeros(self.metrics_size, dtype=torch.float64, device=features.device)
             return zero, metrics
         rows = self.hidden(features, blocks)[blocks.label_rows]
-        teacher = final[blocks.teacher_rows]
         settings = self.loss
+        distinct = blocks.teacher if blocks.teacher and blocks.teacher.chunk_rows == settings.chunk_rows else None
+        teacher = final[blocks.teacher_rows if distinct is None else distinct.rows]
 
         def head_loss(latent, w2):
             return dspark_head_loss(rows, latent, w2, self.head_weight, blocks.labels, teacher, blocks.label_weights,
                                     ce_weight=settings.ce_weight, l1_weight=settings.l1_weight,
                                     chunk_rows=settings.chunk_rows, multiplier=self.logit_multiplier,
-                                    softcap=self.softcap)
+                                    softcap=self.softcap, teacher_index=None if distinct is None else distinct.index,
+                                    teacher_offsets=None if distinct is None else distinct.offsets)
 
         # Each head through its own module call, once per pass: sharded (FSDP2), a head's weights are gathered for
         # its forward (and again for its backward) and exist only then.

@@ -27,6 +27,12 @@ V = 151,936 in chunks of 1,024 peaked 1.10 GiB above their inputs compiled (the 
 1.68 GiB when one compiled body kept an fp32 buffer between its passes) and 3.71 GiB in the eager loop, which
 CPU runs (the fp32 logits, log-softmax, distributions, their difference and sign, in place where it can).
 ``W2``'s gradient is one fp32 [V, r] buffer for the whole call (254 MB at V = 248,320, r = 256).
+
+Overlapping blocks share teacher rows (slot k of anchor p reads the target at p + k): given each chunk's distinct
+teacher rows (``teacher_offsets``, ``teacher_index``: ``objective.dspark_blocks.distinct_teacher_rows``), the
+teacher's logits are computed once per distinct row and each row reads its own by index, inside the compiled
+stages. At 512 anchors in a 3,072-token sample that is 3,002 rows of 8,181, so the teacher's buffer and its
+``[rows, H] x [H, V]`` product shrink to about 0.37 of a row each.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ from draftline.objective.head_loss import scale_logits
 FUSED_BYTES_PER_LOGIT = 6
 """Bytes per row and vocabulary entry of one compiled chunk (CUDA): the three bf16 buffers, the student's and the
 teacher's logits and the Markov bias, which then hold the two gradients. The compiled stages pass each other
-per-row numbers only (tests/objective/test_dspark_head_loss.py measures the bound on CUDA, softcap included)."""
+per-row numbers only (tests/objective/test_dspark_head_loss.py measures the bound on CUDA, softcap included). With
+distinct teacher rows the teacher's buffer holds fewer rows than the chunk: the bound stays, with room to spare."""
 
 
 def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, softcap: float | None):
@@ -62,17 +69,19 @@ def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, sof
     return logits, slope
 
 
-def _logits(raw, bias, teacher_raw, multiplier, softcap):
+def _logits(raw, bias, teacher_raw, teacher_index, multiplier, softcap):
     """(z, the teacher's logits, tanh of the softcap or None), fp32, recomputed from the bf16 buffers by each
-    stage below rather than kept."""
+    stage below rather than kept. ``teacher_index`` (or None: one teacher row per row) picks each row's teacher
+    among the chunk's distinct ones: an indexed read, fused into each compiled stage."""
     logits, tanh = scale_logits(raw, multiplier, softcap)
-    return logits + bias.to(logits.dtype), scale_logits(teacher_raw, multiplier, softcap)[0], tanh
+    teacher = teacher_raw if teacher_index is None else teacher_raw[teacher_index]
+    return logits + bias.to(logits.dtype), scale_logits(teacher, multiplier, softcap)[0], tanh
 
 
-def chunk_stats(raw, bias, teacher_raw, labels, multiplier, softcap):
+def chunk_stats(raw, bias, teacher_raw, teacher_index, labels, multiplier, softcap):
     """Stage 1, reductions over the vocabulary: (logsumexp z [R], logsumexp of the teacher's logits [R], CE [R],
     correct [R])."""
-    z, t, _ = _logits(raw, bias, teacher_raw, multiplier, softcap)
+    z, t, _ = _logits(raw, bias, teacher_raw, teacher_index, multiplier, softcap)
     lse_z = torch.logsumexp(z, dim=-1)
     ce = lse_z - z.gather(1, labels[:, None]).squeeze(1)
     return lse_z, torch.logsumexp(t, dim=-1), ce, z.argmax(dim=-1) == labels
@@ -84,18 +93,18 @@ def _q_and_difference(z, t, lse_z, lse_t):
     return q, (q - torch.exp(t - lse_t[:, None]))
 
 
-def chunk_distances(raw, bias, teacher_raw, lse_z, lse_t, multiplier, softcap):
+def chunk_distances(raw, bias, teacher_raw, teacher_index, lse_z, lse_t, multiplier, softcap):
     """Stage 2, reductions: (L1 = sum |q - p| [R], <sign(q - p), q> [R])."""
-    z, t, _ = _logits(raw, bias, teacher_raw, multiplier, softcap)
+    z, t, _ = _logits(raw, bias, teacher_raw, teacher_index, multiplier, softcap)
     q, diff = _q_and_difference(z, t, lse_z, lse_t)
     return diff.abs().sum(-1), (diff.sign() * q).sum(-1)
 
 
-def chunk_gradients(raw, bias, teacher_raw, labels, row_weights, lse_z, lse_t, sign_q, ce_weight, l1_weight,
-                    multiplier, softcap):
+def chunk_gradients(raw, bias, teacher_raw, teacher_index, labels, row_weights, lse_z, lse_t, sign_q, ce_weight,
+                    l1_weight, multiplier, softcap):
     """Stage 3, elementwise: (dz [R, V], d loss / d raw [R, V]), fp32, each row's weight (not yet normalised)
     included."""
-    z, t, tanh = _logits(raw, bias, teacher_raw, multiplier, softcap)
+    z, t, tanh = _logits(raw, bias, teacher_raw, teacher_index, multiplier, softcap)
     q, diff = _q_and_difference(z, t, lse_z, lse_t)
     grad_z = q * (ce_weight + l1_weight * (diff.sign() - sign_q[:, None]))
     vocab = torch.arange(z.shape[1], device=z.device)
@@ -109,11 +118,11 @@ def chunk_gradients(raw, bias, teacher_raw, labels, row_weights, lse_z, lse_t, s
     return grad_z, grad_raw
 
 
-def chunk_gradients_into(raw, bias, teacher_raw, labels, row_weights, lse_z, lse_t, sign_q, ce_weight, l1_weight,
-                         multiplier, softcap):
+def chunk_gradients_into(raw, bias, teacher_raw, teacher_index, labels, row_weights, lse_z, lse_t, sign_q, ce_weight,
+                         l1_weight, multiplier, softcap):
     """``chunk_gradients`` written over its inputs: ``dz`` over ``bias``, ``d loss / d raw`` over ``raw``."""
-    grad_z, grad_raw = chunk_gradients(raw, bias, teacher_raw, labels, row_weights, lse_z, lse_t, sign_q, ce_weight,
-                                       l1_weight, multiplier, softcap)
+    grad_z, grad_raw = chunk_gradients(raw, bias, teacher_raw, teacher_index, labels, row_weights, lse_z, lse_t,
+                                       sign_q, ce_weight, l1_weight, multiplier, softcap)
     bias.copy_(grad_z)
     raw.copy_(grad_raw)
 
@@ -122,34 +131,36 @@ _STAGES = (chunk_stats, chunk_distances, chunk_gradients_into)
 
 
 def dspark_chunk_terms(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_weight, multiplier, softcap,
-                       need_grad):
+                       need_grad, teacher_index=None):
     """One chunk's (CE [R], L1 [R], correct [R], dz [R, V] or None, d loss / d raw [R, V] or None), functionally.
 
     ``raw`` and ``teacher_raw`` are the head's logits of the student's and the teacher's rows in the head's dtype
-    (before multiplier and softcap), ``bias`` the Markov bias ``l W2^T``. The same arithmetic as the eager loop of
-    ``_DSparkHeadLoss`` (the module docstring), in three stages that each read the bf16 buffers again and pass
-    on only per-row numbers; the gradients carry each row's weight (not yet normalised), in fp32.
+    (before multiplier and softcap), ``bias`` the Markov bias ``l W2^T``; with ``teacher_index`` [R],
+    ``teacher_raw`` holds the chunk's distinct teacher rows and row i reads ``teacher_raw[teacher_index[i]]``. The
+    same arithmetic as the eager loop of ``_DSparkHeadLoss`` (the module docstring), in three stages that each read
+    the bf16 buffers again and pass on only per-row numbers; the gradients carry each row's weight (not yet
+    normalised), in fp32.
     """
-    lse_z, lse_t, ce, correct = chunk_stats(raw, bias, teacher_raw, labels, multiplier, softcap)
-    l1, sign_q = chunk_distances(raw, bias, teacher_raw, lse_z, lse_t, multiplier, softcap)
+    lse_z, lse_t, ce, correct = chunk_stats(raw, bias, teacher_raw, teacher_index, labels, multiplier, softcap)
+    l1, sign_q = chunk_distances(raw, bias, teacher_raw, teacher_index, lse_z, lse_t, multiplier, softcap)
     if not need_grad:
         return ce, l1, correct, None, None
-    grad_z, grad_raw = chunk_gradients(raw, bias, teacher_raw, labels, row_weights, lse_z, lse_t, sign_q,
-                                       ce_weight, l1_weight, multiplier, softcap)
+    grad_z, grad_raw = chunk_gradients(raw, bias, teacher_raw, teacher_index, labels, row_weights, lse_z, lse_t,
+                                       sign_q, ce_weight, l1_weight, multiplier, softcap)
     return ce, l1, correct, grad_z, grad_raw
 
 
 def dspark_chunk_terms_into(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_weight, multiplier, softcap,
-                            need_grad, stages=_STAGES):
+                            need_grad, teacher_index=None, stages=_STAGES):
     """``dspark_chunk_terms`` with the two gradients written over the inputs (when ``need_grad``): ``dz`` over
     ``bias``, ``d loss / d raw`` over ``raw``, each in its buffer's dtype. Returns (CE, L1, correct). With each
     stage compiled (``stages``: CUDA), nothing of ``[R, V]`` is allocated beyond the three buffers the caller
     made: the stages hand each other per-row numbers only."""
-    lse_z, lse_t, ce, correct = stages[0](raw, bias, teacher_raw, labels, multiplier, softcap)
-    l1, sign_q = stages[1](raw, bias, teacher_raw, lse_z, lse_t, multiplier, softcap)
+    lse_z, lse_t, ce, correct = stages[0](raw, bias, teacher_raw, teacher_index, labels, multiplier, softcap)
+    l1, sign_q = stages[1](raw, bias, teacher_raw, teacher_index, lse_z, lse_t, multiplier, softcap)
     if need_grad:
-        stages[2](raw, bias, teacher_raw, labels, row_weights, lse_z, lse_t, sign_q, ce_weight, l1_weight,
-                  multiplier, softcap)
+        stages[2](raw, bias, teacher_raw, teacher_index, labels, row_weights, lse_z, lse_t, sign_q, ce_weight,
+                  l1_weight, multiplier, softcap)
     return ce, l1, correct
 
 
@@ -164,16 +175,17 @@ def _fused_terms():
 class _DSparkHeadLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, latent, w2, head, labels, teacher, row_weights, ce_weight, l1_weight, chunk_rows,
-                multiplier, softcap, fused):
+                multiplier, softcap, fused, teacher_index, teacher_offsets):
         # Under autocast the fp32 reductions and the Markov matmuls would run in bf16: the head's matmuls take
         # the head's dtype explicitly, everything else stays fp32.
         with torch.autocast(hidden.device.type, enabled=False):
             return _DSparkHeadLoss._forward(ctx, hidden, latent, w2, head, labels, teacher, row_weights, ce_weight,
-                                            l1_weight, chunk_rows, multiplier, softcap, fused)
+                                            l1_weight, chunk_rows, multiplier, softcap, fused, teacher_index,
+                                            teacher_offsets)
 
     @staticmethod
     def _forward(ctx, hidden, latent, w2, head, labels, teacher, row_weights, ce_weight, l1_weight, chunk_rows,
-                 multiplier, softcap, fused):
+                 multiplier, softcap, fused, teacher_index, teacher_offsets):
         need_h, need_latent, need_w2 = ctx.needs_input_grad[:3]
         need_grad = need_h or need_latent or need_w2
         rows = hidden.shape[0]
@@ -189,17 +201,22 @@ class _DSparkHeadLoss(torch.autograd.Function):
         mm = head.dtype  # every matmul in the head's dtype (bf16 in training, as under autocast); the rest fp32
         w2_mm = w2.to(mm)
         body = None if not fused else _fused_terms() if hidden.is_cuda else dspark_chunk_terms_into
-        for start in range(0, rows, chunk_rows):
+        for chunk, start in enumerate(range(0, rows, chunk_rows)):
             end = min(start + chunk_rows, rows)
             label = labels[start:end]
             lat = latent[start:end].to(mm)
             weights = row_weights[start:end].to(dtype)
+            if teacher_offsets is None:  # a teacher row per row
+                chunk_teacher, pick = teacher[start:end], None
+            else:  # the chunk's distinct teacher rows, and each row's among them
+                chunk_teacher = teacher[teacher_offsets[chunk] : teacher_offsets[chunk + 1]]
+                pick = teacher_index[start:end]
             if body is not None:
                 raw = hidden[start:end].to(mm) @ head.t()
                 bias = lat @ w2_mm.t()
-                teacher_raw = teacher[start:end].to(mm) @ head.t()
+                teacher_raw = chunk_teacher.to(mm) @ head.t()
                 ce, l1, correct[start:end] = body(raw, bias, teacher_raw, label, weights, ce_weight, l1_weight,
-                                                  multiplier, softcap, need_grad)
+                                                  multiplier, softcap, need_grad, pick)
                 del teacher_raw
                 accept[start:end] = (1.0 - 0.5 * l1).clamp(0.0, 1.0)
                 ce_sum = ce_sum + (ce * weights).sum()
@@ -221,9 +238,11 @@ class _DSparkHeadLoss(torch.autograd.Function):
             ce = -log_q.gather(1, label[:, None]).squeeze(1)
             correct[start:end] = log_q.argmax(dim=-1) == label
             q = log_q.exp_()  # in place
-            raw, _ = _scaled_logits(teacher[start:end], head, multiplier, softcap)
+            raw, _ = _scaled_logits(chunk_teacher, head, multiplier, softcap)
             diff = torch.log_softmax(raw, dim=-1, dtype=dtype).exp_()  # p, the same arithmetic as q
             del raw
+            if pick is not None:
+                diff = diff[pick]  # each row's p from its chunk's distinct teacher rows
             diff = diff.neg_().add_(q)  # q - p, in place
             l1 = torch.linalg.vector_norm(diff, ord=1, dim=-1)  # |.| inside the reduction: no temporary
             accept[start:end] = (1.0 - 0.5 * l1).clamp(0.0, 1.0)
@@ -255,7 +274,7 @@ class _DSparkHeadLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, *_unused):
         scaled = [None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors]
-        return (*scaled, None, None, None, None, None, None, None, None, None, None)
+        return (*scaled, None, None, None, None, None, None, None, None, None, None, None, None)
 
 
 def dspark_head_loss(
@@ -273,11 +292,17 @@ def dspark_head_loss(
     multiplier: float = 1.0,
     softcap: float | None = None,
     fused: bool | None = None,
+    teacher_index: torch.Tensor | None = None,
+    teacher_offsets: tuple[int, ...] | None = None,
 ):
     """(loss, ce_sum, l1_sum, accept [M], correct [M]) of the labelled rows; see the module docstring.
 
     hidden [M, H] (the drafter's final normed rows), latent [M, r], w2 [V, r] (``markov_w2.weight``),
-    head_weight [V, H] (frozen), labels [M], teacher [M, H], row_weights [M]. ``loss`` carries the gradients
+    head_weight [V, H] (frozen), labels [M], teacher [M, H], row_weights [M]. With ``teacher_offsets`` (one more
+    than the chunks of ``chunk_rows`` rows) ``teacher`` holds each chunk's distinct teacher rows instead, chunk
+    ``c``'s at ``teacher[offsets[c]:offsets[c + 1]]``, and ``teacher_index`` [M] each row's among its chunk's
+    (``objective.dspark_blocks.distinct_teacher_rows``): the teacher's logits are computed once per distinct
+    row. ``loss`` carries the gradients
     of ``hidden``, ``latent`` and ``w2``; ``ce_sum`` and ``l1_sum`` are the weighted sums of each term (for
     the metrics), ``accept`` each row's ``clamp(1 - L1 / 2, 0, 1)``, ``correct`` whether the corrected
     logits' argmax is the label; those four are not differentiable. ``fused`` (default: on CUDA): each
@@ -286,9 +311,15 @@ def dspark_head_loss(
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    if (teacher_index is None) != (teacher_offsets is None):
+        raise ValueError("teacher_index and teacher_offsets go together (distinct teacher rows per chunk)")
+    if teacher_offsets is not None and len(teacher_offsets) != -(-hidden.shape[0] // chunk_rows) + 1:
+        raise ValueError(f"teacher_offsets has {len(teacher_offsets)} entries for {hidden.shape[0]} rows in chunks of "
+                         f"{chunk_rows}: the distinct teacher rows were cut for other chunks")
     return _DSparkHeadLoss.apply(hidden, latent, w2, head_weight.detach(), labels, teacher.detach(), row_weights,
                                  float(ce_weight), float(l1_weight), int(chunk_rows), float(multiplier), softcap,
-                                 hidden.is_cuda if fused is None else bool(fused))
+                                 hidden.is_cuda if fused is None else bool(fused), teacher_index,
+                                 None if teacher_offsets is None else tuple(teacher_offsets))
 
 
 def plain_dspark_head_loss(hidden, latent, w2, head_weight, labels, teacher, row_weights, *, ce_weight=0.1,

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
+from draftline.objective.dspark_blocks import distinct_teacher_rows
 from draftline.sizing.peak import (  # noqa: F401  (bench/ imports these from here)
     GpuSpec,
     PeakFlops,
@@ -157,6 +158,7 @@ def drafter_flops_breakdown(
     num_context_rows: int,
     anchor_positions: Sequence[int] | torch.Tensor,
     num_labelled_rows: int,
+    num_teacher_rows: int | None = None,
 ) -> dict[str, float]:
     """FLOPs of one drafter training pass (forward + backward), by part.
 
@@ -185,8 +187,11 @@ def drafter_flops_breakdown(
     - ``heads``: the method's trained head matmuls, forward and backward with input gradients (DSpark: the
       Markov projection r -> V, ``6*r*V``; the gated head's gate, ``6*(H+r)*r``; the confidence head,
       ``6*(H+r)`` or ``6*H``). DSpark's anchor slot drafts, so M <= N*B there.
-    - ``teacher_head``: the frozen head on the target's final hidden state, forward only, ``2*H*V`` (DSpark:
-      the target's distribution, the L1 and confidence terms' reference).
+    - ``teacher_head``: the frozen head on the target's final hidden state, forward only, ``2*H*V`` per distinct
+      teacher row of each loss chunk (DSpark: the target's distribution, the L1 and confidence terms' reference;
+      overlapping blocks share teacher rows, ``objective.dspark_blocks.distinct_teacher_rows``):
+      ``num_teacher_rows``, counted from a pass's blocks (``drafter_flops_of_blocks``); when not given, estimated
+      with the anchors as one document's, every slot labelled, scaled to ``num_labelled_rows``.
     """
     positions = torch.as_tensor(anchor_positions, dtype=torch.float64).flatten().cpu()
     if num_context_rows < 0 or num_labelled_rows < 0:
@@ -215,8 +220,22 @@ def drafter_flops_breakdown(
     if method.row_params:
         parts["heads"] = weight_flops(num_labelled_rows, method.row_params, backward=True)
     if method.teacher_head:
-        parts["teacher_head"] = linear_flops(num_labelled_rows, hidden, shape.vocab_size)
+        if num_teacher_rows is None:
+            num_teacher_rows = estimated_teacher_rows(positions, block, num_labelled_rows, method.loss_chunk_rows)
+        parts["teacher_head"] = linear_flops(num_teacher_rows, hidden, shape.vocab_size)
     return parts
+
+
+def estimated_teacher_rows(anchor_positions: torch.Tensor, block_size: int, num_labelled_rows: int,
+                           chunk_rows: int) -> int:
+    """The distinct teacher rows of a pass's loss chunks, for anchors at ``anchor_positions`` of one document with
+    every slot k reading the target at ``p + k``, scaled from all N x B slots to ``num_labelled_rows``."""
+    slots = anchor_positions.numel() * block_size
+    if slots == 0 or num_labelled_rows == 0:
+        return 0
+    rows = (anchor_positions.round().long()[:, None] + torch.arange(block_size)[None, :]).reshape(-1)
+    distinct = distinct_teacher_rows(rows, chunk_rows if chunk_rows > 0 else slots).rows.numel()
+    return round(distinct * num_labelled_rows / slots)
 
 
 def drafter_flops(
@@ -225,6 +244,7 @@ def drafter_flops(
     num_context_rows: int,
     anchor_positions: Sequence[int] | torch.Tensor,
     num_labelled_rows: int,
+    num_teacher_rows: int | None = None,
 ) -> float:
     """Total FLOPs of one drafter training pass; see ``drafter_flops_breakdown`` for the parts."""
     parts = drafter_flops_breakdown(
@@ -232,6 +252,7 @@ def drafter_flops(
         num_context_rows=num_context_rows,
         anchor_positions=anchor_positions,
         num_labelled_rows=num_labelled_rows,
+        num_teacher_rows=num_teacher_rows,
     )
     return sum(parts.values())
 
@@ -246,4 +267,5 @@ def drafter_flops_of_blocks(shape: DrafterShape, blocks: Any) -> float:
         num_context_rows=blocks.layout.num_context,
         anchor_positions=blocks.layout.anchor_pos,
         num_labelled_rows=int(blocks.label_rows.shape[0]),
+        num_teacher_rows=None if getattr(blocks, "teacher", None) is None else int(blocks.teacher.rows.shape[0]),
     )
