@@ -23,7 +23,8 @@ The features of a pass carry the target's final-normed hidden state as their las
 (``feature_width``): the target must send it (``TargetFeatures(final_hidden=True)``).
 
 Metrics: the ``objective.metrics`` vector with every slot drafted (``first_slot`` 0), then DSpark's own entries
-(``DSPARK_TAIL``): the weighted sums of each term, the confidence head's absolute error, the expected acceptance
+(``DSPARK_TAIL``): the weighted sums of each term (D-PACE's weights with that loss: the terms as trained), the
+confidence head's absolute error, the expected acceptance
 ``1 + sum_k prod_{i<=k} a_i`` summed over blocks, and per slot the sums of the predicted confidence and of ``a``
 (their ratio to the slot's label count is the calibration).
 """

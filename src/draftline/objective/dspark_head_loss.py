@@ -300,11 +300,13 @@ def dspark_head_loss(
 def dspark_row_ce(hidden: torch.Tensor, latent: torch.Tensor, w2: torch.Tensor, head_weight: torch.Tensor,
                   labels: torch.Tensor, *, chunk_rows: int = 1024, multiplier: float = 1.0,
                   softcap: float | None = None) -> torch.Tensor:
-    """Each labelled row's cross-entropy of the Markov-corrected logits, ``logsumexp(z) - z[y]`` [M] fp32, without
-    gradients: the input of weights that depend on a whole block's rows (D-PACE, ``objective.dspark``), which the
-    loss's chunks may split. A pass over the head before the loss's own, chunked as it is, through the same stage 1
-    (``chunk_stats``, compiled on CUDA; its teacher input is the student's logits, whose normaliser goes unused), so
-    the values are those the loss computes."""
+    """Each labelled row's cross-entropy of the Markov-corrected logits, ``logsumexp(z) - z[y]`` [M] (fp32; fp64 for an
+    fp64 head), without gradients: the input of weights that depend on a whole block's rows (D-PACE,
+    ``objective.dspark``), which the loss's chunks may split. A pass over the head before the loss's own, chunked as
+    it is, through the same stage 1 (``chunk_stats``, compiled on CUDA; its teacher input is the student's logits,
+    whose normaliser goes unused), so the values are those the loss computes. Its chunk holds the two bf16 [R, V]
+    buffers (4 bytes per logit), freed before the loss's chunks (6): the step's peak does not rise; its time does,
+    by the head's and the bias's matmuls and one read of the logits."""
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     head = head_weight.detach()
