@@ -304,9 +304,10 @@ def dspark_row_ce(hidden: torch.Tensor, latent: torch.Tensor, w2: torch.Tensor, 
     fp64 head), without gradients: the input of weights that depend on a whole block's rows (D-PACE,
     ``objective.dspark``), which the loss's chunks may split. A pass over the head before the loss's own, chunked as
     it is, through the same stage 1 (``chunk_stats``, compiled on CUDA; its teacher input is the student's logits,
-    whose normaliser goes unused), so the values are those the loss computes. Its chunk holds the two bf16 [R, V]
-    buffers (4 bytes per logit), freed before the loss's chunks (6): the step's peak does not rise; its time does,
-    by the head's and the bias's matmuls and one read of the logits."""
+    whose normaliser goes unused), so the values are those the loss computes. On CUDA its chunk holds two [R, V]
+    buffers in the head's dtype (4 bytes per logit in bf16, under the loss chunk's ``FUSED_BYTES_PER_LOGIT``), freed
+    before the loss starts; its cost is the head's and the bias's matmuls again and one more read of the logits (not
+    measured on CUDA)."""
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     head = head_weight.detach()
