@@ -31,7 +31,7 @@ peer script): every arm gets the peer's budget and settings, the flags of ``BUDG
   with ``--loss dflash``; ``random``: ``draftline train --random-init``;
 - a DSpark arm is one with ``--method dspark`` among its flags, e.g.
   ``--arm 'dspark=--init-from-target --method dspark'`` (its heads and loss by their own flags:
-  ``--markov-rank``, ``--markov-head-type``, ``--no-confidence-head``, ``--dspark-loss-weights``; no ``--loss``).
+  ``--markov-rank``, ``--markov-head-type``, ``--no-confidence-head``, ``--dspark-loss-weights``; ``--loss dpace``: D-PACE weights on its terms).
 
 The judge: the official ``dflash`` package's ``DFlashDraftModel.from_pretrained`` on each run's
 exported drafter and its ``dflash_generate`` (greedy, block 8) on the held-out prompts with the

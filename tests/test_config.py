@@ -363,12 +363,9 @@ def _set(config, **fields):
      "--markov-rank, --confidence-head set DSpark's heads or loss: add --method dspark, or drop them"),
     ({"model__method": "dflash", "optim__dspark_loss_weights": (0.2, 0.8, 1.0)},
      "--dspark-loss-weights sets DSpark's heads or loss: add --method dspark, or drop it"),
-    ({"model__method": "dspark", "optim__loss": "dpace"},
-     "--loss dpace sets DFlash's loss weights; --method dspark has its own loss (0.1 CE + 0.9 L1 + 1.0 BCE, "
-     "--dspark-loss-weights; position weights --loss-gamma): drop --loss, or use --method dflash"),
-    ({"model__method": "dspark", "optim__loss": "dflash"},
-     "--loss dflash sets DFlash's loss weights; --method dspark has its own loss (0.1 CE + 0.9 L1 + 1.0 BCE, "
-     "--dspark-loss-weights; position weights --loss-gamma): drop --loss, or use --method dflash"),
+    ({"model__method": "dspark", "optim__loss": "dpace", "optim__loss_gamma": 2.0},
+     "optim.loss_gamma (--loss-gamma) weighs the dflash loss; --loss dpace sets its own weights: drop --loss-gamma "
+     "or use --loss dflash"),
     ({"model__method": "dspark", "optim__distill": 0.5},
      "--distill mixes the target's distribution into DFlash's labels; --method dspark distils it already (its L1 "
      "term): drop --distill"),

@@ -141,11 +141,12 @@ class OptimConfig:
     its first slot). None = the paper's for the block size (DFlash: 7 for 16, 5 for 10, 4 for 8, else
     block_size/2; DSpark: 4, as DeepSpec); smaller weights the first positions more, which set most of tau."""
     loss: str | None = opt(None, "--loss", check=OneOf(("dpace", "dflash")))
-    """DFlash's per-position loss weights: 'dpace' (D-PACE, arXiv 2605.18810: each position's cross-entropy weighted
+    """The per-position loss weights: 'dpace' (D-PACE, arXiv 2605.18810: each position's cross-entropy weighted
     by its detached share of the block's expected acceptance length, from the drafter's own probabilities; no
     gamma; 1.05-1.08x the acceptance of 'dflash' in docs/benchmarks/2026-12-dpace.md) or 'dflash' (the paper's
-    fixed weights exp(-(k-1)/gamma); needed for --loss-gamma and --distill). None = dpace. The DSpark method has
-    its own loss (its weights: dspark_loss_weights), so neither applies to it."""
+    fixed weights exp(-(k-1)/gamma); needed for --loss-gamma and --distill). None = dpace for DFlash, dflash for
+    DSpark (its fixed weights exp(-k/gamma) on its three terms; 'dpace' weighs all three by D-PACE's weights of
+    the Markov-corrected cross-entropy). A resume keeps the checkpoint's."""
     dpace_alpha: float = opt(0.5, "--dpace-alpha", metavar="ALPHA", check=Within(0, 1, low_open=True))
     """D-PACE's smoothing, in (0, 1]: a position's acceptance counts as (1 - alpha) q + alpha, q the drafter's
     probability of its label (0.3-0.7 train stably; 0.5 as published). Only with loss = dpace."""
@@ -403,11 +404,14 @@ def _optional(hint: Any) -> bool:
 
 
 def resolved_loss(config: TrainConfig) -> str:
-    """The objective's per-position weights (``objective.loss.ObjectiveSettings.loss``): DFlash's ``optim.loss``
-    (None: 'dpace'); DSpark's are fixed, exp(-k/gamma) ('dflash')."""
-    if config.model.method == "dspark":
-        return "dflash"
-    return config.optim.loss or "dpace"
+    """The objective's per-position weights (``objective.loss.ObjectiveSettings.loss``): ``optim.loss``; None gives
+    each method its default (DFlash: 'dpace'; DSpark: 'dflash', its fixed weights exp(-k/gamma))."""
+    return default_loss(config.model.method, config.optim.loss)
+
+
+def default_loss(method: str | None, loss: str | None) -> str:
+    """``resolved_loss`` of a method and an ``optim.loss`` (a checkpoint's saved config, say)."""
+    return loss or ("dflash" if method == "dspark" else "dpace")
 
 
 DSPARK_ONLY = ("markov_rank", "markov_head_type", "confidence_head", "confidence_head_with_markov")
@@ -426,10 +430,6 @@ def check_method(config: TrainConfig) -> None:
             raise DraftlineError(f"{', '.join(given)} set{'s' if len(given) == 1 else ''} DSpark's heads or loss: add "
                                  f"{method} dspark, or drop {'it' if len(given) == 1 else 'them'}")
         return
-    if o.loss is not None:
-        raise DraftlineError(f"{flag_of(o, 'loss')} {o.loss} sets DFlash's loss weights; {method} dspark has its own "
-                             f"loss (0.1 CE + 0.9 L1 + 1.0 BCE, {flag_of(o, 'dspark_loss_weights')}; position weights "
-                             f"{flag_of(o, 'loss_gamma')}): drop {flag_of(o, 'loss')}, or use {method} dflash")
     if o.distill > 0:
         raise DraftlineError(f"{flag_of(o, 'distill')} mixes the target's distribution into DFlash's labels; "
                              f"{method} dspark distils it already (its L1 term): drop {flag_of(o, 'distill')}")

@@ -1,5 +1,5 @@
 """What a rank sets up before training: only a prepared dataset is accepted; a resume keeps the checkpoint's batches per
-step and its batch order."""
+step, its batch order and its loss weights."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from draftline.commands.prepare import add_arguments
 from draftline.config import DataConfig, ModelConfig, TrainConfig
-from draftline.distributed.setup import decide_setup, resolve_data_dir
+from draftline.distributed.setup import decide_setup, resolve_data_dir, saved_loss
 from draftline.errors import DraftlineError
-from draftline.pipeline.spec import resumed_batches_per_step
+from draftline.pipeline.spec import refuse_changed_loss, resumed_batches_per_step
 
 
 def _config(tmp_path, data) -> TrainConfig:
@@ -79,3 +79,22 @@ def test_a_resume_keeps_the_checkpoints_batches_per_step_on_another_number_of_dr
     assert resumed_batches_per_step("ckpt", 2, True, 3, True, 3, 2)[0] == 2  # two batches over three drafters
     per_step, note = resumed_batches_per_step("ckpt", 4, True, 2, True, 2, 2)
     assert per_step == 4 and "this config alone would give 2" in note
+
+
+@pytest.mark.parametrize("method,loss,saved", [
+    ("dspark", None, "dflash"),   # DSpark's default: its position weights
+    ("dspark", "dpace", "dpace"),
+    (None, "dflash", "dflash"),
+    ("dflash", "dpace", "dpace"),
+    ("dflash", None, None),        # DFlash's default was dflash before it became dpace: not known, not compared
+])
+def test_a_resume_keeps_the_checkpoints_loss_weights(method, loss, saved):
+    assert saved_loss({"model": {"method": method}, "optim": {"loss": loss}}) == saved
+    for now in ("dflash", "dpace"):
+        if saved is None or now == saved:
+            refuse_changed_loss("ckpt", saved, now)
+            continue
+        with pytest.raises(DraftlineError) as raised:
+            refuse_changed_loss("ckpt", saved, now)
+        assert str(raised.value).startswith(f"ckpt: its run trained with the {saved} loss weights (optim.loss), "
+                                            f"this run asks for {now}: resume with --loss {saved}")

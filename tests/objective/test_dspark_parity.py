@@ -111,7 +111,7 @@ def test_refuses_dflash_only_settings():
     embed = head = torch.zeros(64, 32)
     with pytest.raises(ValueError, match="distill"):
         DSparkObjective(drafter, embed, head, ObjectiveSettings(distill=0.5))
-    with pytest.raises(ValueError, match="dpace"):
-        DSparkObjective(drafter, embed, head, ObjectiveSettings(loss="dpace"))
+    with pytest.raises(ValueError, match="'dflash' or 'dpace'"):
+        DSparkObjective(drafter, embed, head, ObjectiveSettings(loss="other"))
     with pytest.raises(ValueError, match="l1_weight"):
         DSparkLoss(l1_weight=-1.0)

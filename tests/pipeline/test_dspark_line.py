@@ -188,3 +188,21 @@ def test_gpu_dspark_trains_compiled_in_bf16_and_sharded_over_two_gpus_as_on_one(
     assert step_losses(two).keys() == reference.keys()
     for step, loss in reference.items():
         assert step_losses(two)[step] == pytest.approx(loss, rel=1e-4), step
+
+
+def test_the_dpace_loss_trains_and_a_resume_keeps_it(qwen3_target, line_data, tmp_path, capsys):
+    """--method dspark --loss dpace trains through the line, its records carrying DSpark's terms; a resume that would
+    weigh the loss otherwise (the default: DSpark's position weights) is refused, naming the flag that continues."""
+    out = tmp_path / "run"
+    args = _args(qwen3_target, line_data, out, max_steps=3, save_every=3)
+    assert main(["train", *args, "--loss", "dpace"]) == 0
+    train = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train" and r["loss"] is not None]
+    assert train and train[-1]["step"] == 3
+    for key in ("loss", "ce", "l1", "confidence_bce", "tau_expected"):
+        assert all(math.isfinite(r[key]) for r in train), key
+    assert json.loads((out / "config.json").read_text())["optim"]["loss"] == "dpace"
+    for change in ([], ["--loss", "dflash"]):
+        capsys.readouterr()
+        assert main(["train", *args, *change, "--resume"]) == 2
+        err = capsys.readouterr().err
+        assert "trained with the dpace loss weights (optim.loss), this run asks for dflash: resume with --loss dpace" in err

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from draftline import run_files
 from draftline.checkpoint.state import read_trainer_state
-from draftline.config import TrainConfig
+from draftline.config import TrainConfig, default_loss
 from draftline.data.dataset import META_FILE
 from draftline.distributed import keys, rundir
 from draftline.distributed.health import Health, RunAborted, describe_exception
@@ -50,6 +50,7 @@ class RunSetup:
     checkpoint_drafters: int | None = None  # how many drafters wrote the checkpoint
     balance_steps: bool | None = None  # the checkpoint's data.balance_steps (None: fresh, or written before the option)
     moments: str | None = None  # the checkpoint's optim.moments (None: fresh, or written before the option: fp32)
+    loss: str | None = None  # the checkpoint's loss weights (None: fresh, or not known: a DFlash run's default)
 
 
 def resolve_data_dir(config: TrainConfig) -> Path:
@@ -84,7 +85,16 @@ def decide_setup(config: TrainConfig) -> RunSetup:
     state = read_trainer_state(checkpoint)
     return RunSetup(decision.mode, str(checkpoint), state.step, str(data_dir), state.batches_per_step,
                     state.num_drafters, state.config.get("data", {}).get("balance_steps"),
-                    state.config.get("optim", {}).get("moments"))
+                    state.config.get("optim", {}).get("moments"), saved_loss(state.config))
+
+
+def saved_loss(saved: dict) -> str | None:
+    """The loss weights a checkpoint's run trained with (``config.resolved_loss``), from its saved config; None where
+    that is not known: a DFlash run that left the loss to its default, which was 'dflash' before it became 'dpace'."""
+    method, loss = saved.get("model", {}).get("method"), saved.get("optim", {}).get("loss")
+    if loss is None and method != "dspark":
+        return None
+    return default_loss(method, loss)
 
 
 def agree_on_setup(config: TrainConfig, rank: int, store, health: Health) -> RunSetup:

@@ -12,17 +12,26 @@ final hidden state at ``p + k`` through the frozen LM head):
 and drafter, exactly as for DFlash (``objective.loss``): the references' global normaliser, the same on every
 drafter. The full-vocabulary terms run in chunks (``objective.dspark_head_loss``; memory per chunk there).
 
+With the D-PACE loss (``ObjectiveSettings.loss = 'dpace'``) each labelled row's weight is instead its D-PACE weight
+(``objective.dpace``) from the detached cross-entropies of the Markov-corrected logits of its block, slot 0 first,
+and it weighs all three terms. As in DFlash's D-PACE, the blocks' own weights are 1 per label (gamma = inf), so the
+step's normaliser ``sum w`` over the blocks' weights is the step's count of labelled rows: the same on every
+drafter and pass, whatever the D-PACE weights are. The cross-entropies come from a no-grad pass over the head
+before the loss (``dspark_head_loss.dspark_row_ce``), since a block's rows may fall in different chunks.
+
 The features of a pass carry the target's final-normed hidden state as their last ``hidden_size`` columns
 (``feature_width``): the target must send it (``TargetFeatures(final_hidden=True)``).
 
 Metrics: the ``objective.metrics`` vector with every slot drafted (``first_slot`` 0), then DSpark's own entries
-(``DSPARK_TAIL``): the weighted sums of each term, the confidence head's absolute error, the expected acceptance
+(``DSPARK_TAIL``): the weighted sums of each term (D-PACE's weights with that loss: the terms as trained), the
+confidence head's absolute error, the expected acceptance
 ``1 + sum_k prod_{i<=k} a_i`` summed over blocks, and per slot the sums of the predicted confidence and of ``a``
 (their ratio to the slot's label count is the calibration).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +41,8 @@ from draftline.data.batch import PackedBatch
 from draftline.model.dspark import DSparkDrafter
 from draftline.objective.blocks import BlockBatch
 from draftline.objective.dspark_blocks import build_dspark_blocks, default_dspark_gamma
-from draftline.objective.dspark_head_loss import dspark_head_loss
+from draftline.objective.dpace import dpace_weights
+from draftline.objective.dspark_head_loss import dspark_head_loss, dspark_row_ce
 from draftline.objective.loss import DFlashObjective, ObjectiveSettings
 from draftline.objective.metrics import metrics_size, pass_metrics, summarize
 
@@ -72,8 +82,9 @@ def dspark_metrics_size(block_size: int) -> int:
 class DSparkObjective(DFlashObjective):
     """DSpark's blocks and loss on the DFlash objective's passes, attention and embedding.
 
-    ``settings``: the shared objective settings (anchors, gamma (None: 4), attention, seed); soft labels and
-    the D-PACE loss are DFlash's and are refused. ``loss``: the three terms' weights.
+    ``settings``: the shared objective settings (anchors, gamma (None: 4), attention, seed, ``loss``: 'dflash'
+    for DSpark's position weights, 'dpace' for D-PACE's, with ``dpace_alpha``); soft labels are DFlash's and are
+    refused. ``loss``: the three terms' weights.
     """
 
     first_slot = 0
@@ -83,14 +94,13 @@ class DSparkObjective(DFlashObjective):
         settings = settings or ObjectiveSettings()
         if settings.distill > 0:
             raise ValueError("DSpark's loss distils the target's distribution already (its L1 term); distill must be 0")
-        if settings.loss != "dflash":
-            raise ValueError(f"loss={settings.loss!r} weighs DFlash's cross-entropy; DSpark has its own loss")
         if not isinstance(drafter, DSparkDrafter):
             raise ValueError("the DSpark objective trains a DSparkDrafter (model.dspark), got "
                              f"{type(drafter).__name__}")
-        super().__init__(drafter, embed_weight, head_weight, settings)
+        super().__init__(drafter, embed_weight, head_weight, settings)  # self.dpace: settings.loss == 'dpace'
         self.loss = loss or DSparkLoss()
-        self.gamma = settings.gamma or default_dspark_gamma(self.block_size)
+        # D-PACE weighs each row itself: its blocks carry weight 1 per label, as DFlash's D-PACE blocks do.
+        self.gamma = math.inf if self.dpace else settings.gamma or default_dspark_gamma(self.block_size)
 
     @property
     def feature_width(self) -> int:
@@ -122,17 +132,21 @@ class DSparkObjective(DFlashObjective):
         teacher = final[blocks.teacher_rows if distinct is None else distinct.rows]
 
         def head_loss(latent, w2):
-            return dspark_head_loss(rows, latent, w2, self.head_weight, blocks.labels, teacher, blocks.label_weights,
-                                    ce_weight=settings.ce_weight, l1_weight=settings.l1_weight,
-                                    chunk_rows=settings.chunk_rows, multiplier=self.logit_multiplier,
-                                    softcap=self.softcap, teacher_index=None if distinct is None else distinct.index,
-                                    teacher_offsets=None if distinct is None else distinct.offsets)
+            weights = blocks.label_weights
+            if self.dpace:
+                weights = weights * self.dpace_row_weights(rows, latent, w2, blocks)
+            terms = dspark_head_loss(rows, latent, w2, self.head_weight, blocks.labels, teacher, weights,
+                                     ce_weight=settings.ce_weight, l1_weight=settings.l1_weight,
+                                     chunk_rows=settings.chunk_rows, multiplier=self.logit_multiplier,
+                                     softcap=self.softcap, teacher_index=None if distinct is None else distinct.index,
+                                     teacher_offsets=None if distinct is None else distinct.offsets)
+            return terms, weights
 
         # Each head through its own module call, once per pass: sharded (FSDP2), a head's weights are gathered for
         # its forward (and again for its backward) and exist only then.
-        (loss, ce_sum, l1_sum, accept, correct), embedded = self.drafter.markov_head(
+        ((loss, ce_sum, l1_sum, accept, correct), weights), embedded = self.drafter.markov_head(
             blocks.prev_ids, rows, apply=head_loss, with_embedding=True)
-        weights = blocks.label_weights.to(loss.dtype)
+        weights = weights.to(loss.dtype)
         head = self.drafter.confidence_head
         confidence = None if head is None else head(rows, embedded if head.with_markov else None)
         bce_sum = error_sum = torch.zeros((), dtype=loss.dtype, device=loss.device)
@@ -152,6 +166,15 @@ class DSparkObjective(DFlashObjective):
         return loss, metrics
 
     __call__ = forward
+
+    def dpace_row_weights(self, rows: torch.Tensor, latent: torch.Tensor, w2: torch.Tensor,
+                          blocks: BlockBatch) -> torch.Tensor:
+        """Each labelled row's D-PACE weight [M], detached, from its Markov-corrected cross-entropy (DSpark's slots:
+        slot 0, the anchor's, first in each block's products). A block's rows may fall in different chunks of the
+        loss, so their cross-entropies come from a no-grad pass of their own before it (``dspark_row_ce``)."""
+        ce = dspark_row_ce(rows, latent, w2, self.head_weight, blocks.labels, chunk_rows=self.loss.chunk_rows,
+                           multiplier=self.logit_multiplier, softcap=self.softcap)
+        return dpace_weights(ce, blocks.label_rows, blocks.num_anchors, self.block_size, self.settings.dpace_alpha)
 
     def _tail(self, blocks, ce_sum, l1_sum, bce_sum, error_sum, accept, predicted) -> torch.Tensor:
         size, rows = self.block_size, blocks.num_anchors * self.block_size

@@ -165,11 +165,16 @@ def dspark_chunk_terms_into(raw, bias, teacher_raw, labels, row_weights, ce_weig
 
 
 @functools.cache
+def _compiled_stages():
+    """The three stages compiled (CUDA only), once each: compiled apart, no stage can keep an fp32 [R, V] buffer
+    for the next."""
+    return tuple(torch.compile(stage, dynamic=True) for stage in _STAGES)
+
+
+@functools.cache
 def _fused_terms():
-    """``dspark_chunk_terms_into`` with each stage compiled (CUDA only), once: compiled apart, no stage can keep
-    an fp32 [R, V] buffer for the next."""
-    stages = tuple(torch.compile(stage, dynamic=True) for stage in _STAGES)
-    return functools.partial(dspark_chunk_terms_into, stages=stages)
+    """``dspark_chunk_terms_into`` with each stage compiled (CUDA only)."""
+    return functools.partial(dspark_chunk_terms_into, stages=_compiled_stages())
 
 
 class _DSparkHeadLoss(torch.autograd.Function):
@@ -320,6 +325,35 @@ def dspark_head_loss(
                                  float(ce_weight), float(l1_weight), int(chunk_rows), float(multiplier), softcap,
                                  hidden.is_cuda if fused is None else bool(fused), teacher_index,
                                  None if teacher_offsets is None else tuple(teacher_offsets))
+
+
+@torch.no_grad()
+def dspark_row_ce(hidden: torch.Tensor, latent: torch.Tensor, w2: torch.Tensor, head_weight: torch.Tensor,
+                  labels: torch.Tensor, *, chunk_rows: int = 1024, multiplier: float = 1.0,
+                  softcap: float | None = None) -> torch.Tensor:
+    """Each labelled row's cross-entropy of the Markov-corrected logits, ``logsumexp(z) - z[y]`` [M] (fp32; fp64 for an
+    fp64 head), without gradients: the input of weights that depend on a whole block's rows (D-PACE,
+    ``objective.dspark``), which the loss's chunks may split. A pass over the head before the loss's own, chunked as
+    it is, through the same stage 1 (``chunk_stats``, compiled on CUDA; its teacher input is the student's logits,
+    whose normaliser goes unused), so the values are those the loss computes. On CUDA its chunk holds two [R, V]
+    buffers in the head's dtype (4 bytes per logit in bf16, under the loss chunk's ``FUSED_BYTES_PER_LOGIT``), freed
+    before the loss starts; its cost is the head's and the bias's matmuls again and one more read of the logits (not
+    measured on CUDA)."""
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    head = head_weight.detach()
+    mm = head.dtype
+    stats = _compiled_stages()[0] if hidden.is_cuda else chunk_stats
+    ce = torch.empty(hidden.shape[0], dtype=torch.promote_types(mm, torch.float32), device=hidden.device)
+    with torch.autocast(hidden.device.type, enabled=False):
+        w2_mm = w2.detach().to(mm)
+        for start in range(0, hidden.shape[0], chunk_rows):
+            end = min(start + chunk_rows, hidden.shape[0])
+            raw = hidden[start:end].detach().to(mm) @ head.t()
+            bias = latent[start:end].detach().to(mm) @ w2_mm.t()
+            ce[start:end] = stats(raw, bias, raw, None, labels[start:end], multiplier, softcap)[2]
+            del raw, bias
+    return ce
 
 
 def plain_dspark_head_loss(hidden, latent, w2, head_weight, labels, teacher, row_weights, *, ce_weight=0.1,

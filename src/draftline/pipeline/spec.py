@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import PretrainedConfig, Qwen3Config
 
-from draftline.config import TrainConfig
+from draftline.config import TrainConfig, resolved_loss
 from draftline.data.batcher import BatchSchedule, TokenBudgetBatcher
 from draftline.data.dataset import TokenDataset
 from draftline.distributed.roles import COLOCATED, Role
@@ -369,6 +369,15 @@ def refuse_changed_moments(checkpoint: str, saved: str | None, now: str) -> None
             f"--moments {saved}, or start a new run (--from-scratch) to train with {now} moments")
 
 
+def refuse_changed_loss(checkpoint: str, saved: str | None, now: str) -> None:
+    """A resume keeps the loss weights its checkpoint trained with (``config.resolved_loss``; None: not known, not
+    compared): the other weights would train another objective from the middle of the schedule."""
+    if saved is not None and saved != now:
+        raise DraftlineError(
+            f"{checkpoint}: its run trained with the {saved} loss weights (optim.loss), this run asks for {now}: "
+            f"resume with --loss {saved}, or start a new run (--from-scratch, or another --out) to train with {now}")
+
+
 def resolve_run(config: TrainConfig, model: ModelSpec, role: Role, env: DistEnv, device, setup: RunSetup
                 ) -> tuple[RunSpec, str | None]:
     """This rank's ``RunSpec`` once rank 0 decided the start; and, on a resume, a line about what it keeps."""
@@ -381,6 +390,7 @@ def resolve_run(config: TrainConfig, model: ModelSpec, role: Role, env: DistEnv,
     if setup.checkpoint:
         refuse_changed_drafter(setup.checkpoint, model.drafter_config)
         refuse_changed_moments(setup.checkpoint, setup.moments, config.optim.moments)
+        refuse_changed_loss(setup.checkpoint, setup.loss, resolved_loss(config))
         per_step, note = resumed_batches_per_step(setup.checkpoint, setup.batches_per_step, setup.balance_steps, fresh,
                                                   config.data.balance_steps, role.num_drafters,
                                                   setup.checkpoint_drafters)
