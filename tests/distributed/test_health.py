@@ -181,3 +181,26 @@ def test_a_lost_store_names_the_node_that_hosted_it(monkeypatch):
     assert "this node's own" in own.store_lost()
     me.store = store  # a store that answers is not lost: no culprit from it
     assert find_culprit(me, wait_s=0.3) is None
+
+
+def test_a_new_stats_section_is_carried_by_a_beat_at_once():
+    """A rank's first target (or drafter) numbers reach the monitor with the next beat at once, not up to a beat
+    later: a short run's last record counts every rank. Later updates wait for the regular beat."""
+    store = dist.HashStore()
+    health = _health(store, beat_s=60.0)
+    health.start()
+    try:
+        def published():
+            return json.loads(store.get("hb/0"))["stats"]
+
+        assert published() == {}
+        health.stats.update("target", {"batches": 1})
+        deadline = time.time() + 5
+        while "target" not in published() and time.time() < deadline:
+            time.sleep(0.01)
+        assert published() == {"target": {"batches": 1}}
+        health.stats.update("target", {"batches": 2})  # not new: the regular beat, 60 s away, carries it
+        time.sleep(0.3)
+        assert published() == {"target": {"batches": 1}}
+    finally:
+        health.stop()

@@ -109,9 +109,10 @@ class Health:
         self.failed_rank: int | None = None  # the rank a failure message is about, when known
         self._lock = threading.Lock()
         self._progress = time.time()
-        self.stats = SharedStats()
-        """What this rank publishes for the monitor (carried by the heartbeat)."""
         self._stop = threading.Event()
+        self._beat_now = threading.Event()
+        self.stats = SharedStats(on_new_section=self._beat_now.set)
+        """What this rank publishes for the monitor (carried by the heartbeat; a new section at once)."""
         self._threads: list[threading.Thread] = []
         self.peers: dict[int, RankInfo] = {info.rank: info}
         self.stuck_exit_s: float | None = None
@@ -200,6 +201,7 @@ class Health:
 
     def stop(self) -> None:
         self._stop.set()
+        self._beat_now.set()
 
     def report_failure(self, cause: str) -> None:
         """Tell every rank that this one failed, and why (before this process exits)."""
@@ -223,7 +225,11 @@ class Health:
         self.store.set(keys.heartbeat_key(self.info.rank), json.dumps(payload))
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.beat_s):
+        while True:
+            self._beat_now.wait(self.beat_s)  # a beat every beat_s, and one at once for a new stats section
+            self._beat_now.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._beat()
             except Exception:  # noqa: BLE001 - store unreachable: the agent is gone; peers notice us
