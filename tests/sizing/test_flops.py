@@ -381,3 +381,23 @@ def test_a_dspark_pass_s_flops_are_its_own_matmuls_plus_visible_pairs(qwen3_targ
     assert drafter_flops_of_blocks(shape, blocks) == sum(parts.values())
     with pytest.raises(ValueError, match="exceeds anchors x drafted slots = 12"):
         drafter_flops_breakdown(shape, num_context_rows=10, anchor_positions=[3, 4, 5], num_labelled_rows=13)
+
+
+def test_the_teacher_rows_estimate_counts_a_document_s_blocks_as_the_loss_chunks_them():
+    """``plan`` and the reference workload estimate DSpark's distinct teacher rows from anchor positions alone: for
+    one document whose every slot is labelled, the estimate is the blocks' own count, chunk by chunk; scaled to
+    fewer labelled rows, it scales with them."""
+    from draftline.data.batch import PackedBatch
+    from draftline.objective.dspark_blocks import build_dspark_blocks
+    from draftline.sizing.flops import estimated_teacher_rows
+
+    batch = PackedBatch.from_documents([(list(range(64)), [True] * 64)], sample_ids=[0])
+    anchors = torch.tensor([1, 2, 5, 9, 10, 11, 20, 30, 31, 40])
+    for chunk in (3, 8, 1000):
+        blocks = build_dspark_blocks(batch, anchors, block_size=4, mask_token_id=99, gamma=4.0, chunk_rows=chunk)
+        labelled = int(blocks.label_rows.shape[0])
+        assert labelled == 40  # every slot of every block
+        exact = int(blocks.teacher.rows.shape[0])
+        assert estimated_teacher_rows(anchors.double(), 4, labelled, chunk) == exact
+        assert estimated_teacher_rows(anchors.double(), 4, labelled // 2, chunk) == round(exact / 2)
+    assert exact < labelled  # overlapping blocks share rows
