@@ -54,6 +54,50 @@ def test_a_dead_process_is_named():
     assert f"pid {child.pid}" in message and "died" in message
 
 
+class _ReportsAfterTheFirstLook:
+    """A store on which rank 1 writes its report (``key``) right after the watchdog's first look for it, then exits:
+    a rank that finishes, or fails, during a scan."""
+
+    def __init__(self, store, key: str, value: str):
+        self.store, self.key, self.value, self.looked = store, key, value, False
+
+    def check(self, keys_: list[str]) -> bool:
+        found = self.store.check(keys_)
+        if keys_ == [self.key] and not self.looked:
+            self.looked = True
+            self.store.set(self.key, self.value)
+        return found
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def _exited_child() -> int:
+    child = torch.multiprocessing.get_context("spawn").Process(target=time.sleep, args=(0,))
+    child.start()
+    child.join()
+    return child.pid
+
+
+def test_a_rank_that_reports_done_and_exits_during_a_scan_is_not_named_dead():
+    """Its done report lands between the watchdog's look for it and its look at the process, which has exited by
+    then: a finished rank, not a dead one (the race that failed a target group's run at its last step under load)."""
+    store = dist.HashStore()
+    _peer(store, progress_age=0.0, warm=True, pid=_exited_child())
+    health = _health(_ReportsAfterTheFirstLook(store, "done/1", "1"), timeout_s=5.0)
+    assert health.scan() is None
+    assert health.failed_rank is None and health.scan() is None  # and it stays finished
+
+
+def test_a_rank_that_reports_its_failure_and_exits_during_a_scan_is_named_with_its_cause():
+    store = dist.HashStore()
+    _peer(store, progress_age=0.0, warm=True, pid=_exited_child())
+    health = _health(_ReportsAfterTheFirstLook(store, "fail/1", json.dumps({"cause": "CUDA out of memory"})),
+                     timeout_s=5.0)
+    message = health.scan() or ""
+    assert "target rank 1" in message and "failed: CUDA out of memory" in message and health.failed_rank == 1
+
+
 def test_first_pass_marks_the_rank_warm_and_the_heartbeat_says_so():
     store = dist.HashStore()
     health = _health(store)

@@ -270,27 +270,46 @@ class Health:
         for rank in range(self.world_size):
             if rank == self.info.rank:
                 continue
-            if self.store.check([keys.fail_key(rank)]):
-                cause = json.loads(self.store.get(keys.fail_key(rank)))["cause"]
-                self.failed_rank = rank
-                return f"{self.peer(rank).describe()} failed: {cause}"
-            if self.store.check([keys.done_key(rank)]):
-                self._finished.add(rank)
+            report = self._report(rank)
+            if report is not None:
+                return report
+            if rank in self._finished:
                 continue
             if not self.store.check([keys.heartbeat_key(rank)]):
                 continue  # not started yet; startup waits are bounded by the process-group timeout
             beat = json.loads(self.store.get(keys.heartbeat_key(rank)))
             info = self.peer(rank)
+            gone = info.host == self.info.host and info.pid > 0 and not _pid_alive(info.pid)
+            silent = now - beat["time"] > self.timeout_s
+            if gone or silent:
+                # A rank writes its report (done, or failed) before it exits: one that did so after the look above
+                # and then exited is not dead. Looked at again now that it is seen gone, the report is there.
+                report = self._report(rank)
+                if report is not None:
+                    return report
+                if rank in self._finished:
+                    continue
             self.failed_rank = rank  # provisional: cleared below if this rank looks healthy
-            if info.host == self.info.host and info.pid > 0 and not _pid_alive(info.pid):
+            if gone:
                 return f"{info.describe()} died (process gone: killed, or crashed without a report)"
-            if now - beat["time"] > self.timeout_s:
+            if silent:
                 return f"{info.describe()} stopped responding (no heartbeat for {now - beat['time']:.0f} s): killed or lost"
             limit = self.timeout_s if beat.get("warm", True) else self.startup_timeout_s
             if now - beat["progress"] > limit:
                 return (f"{info.describe()} is hung (no progress for {now - beat['progress']:.0f} s; "
                         "stuck in a kernel or a collective)")
             self.failed_rank = None
+        return None
+
+    def _report(self, rank: int) -> str | None:
+        """What ``rank`` reported of its end: the message naming its failure, or None (marked finished when it
+        finished)."""
+        if self.store.check([keys.fail_key(rank)]):
+            cause = json.loads(self.store.get(keys.fail_key(rank)))["cause"]
+            self.failed_rank = rank
+            return f"{self.peer(rank).describe()} failed: {cause}"
+        if self.store.check([keys.done_key(rank)]):
+            self._finished.add(rank)
         return None
 
     def store_lost(self) -> str:
