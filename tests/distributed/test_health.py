@@ -81,7 +81,8 @@ def _exited_child() -> int:
 
 def test_a_rank_that_reports_done_and_exits_during_a_scan_is_not_named_dead():
     """Its done report lands between the watchdog's look for it and its look at the process, which has exited by
-    then: a finished rank, not a dead one (the race that failed a target group's run at its last step under load)."""
+    then: a finished rank, not a dead one (the likely cause of a target group's run once failed near its end under
+    load)."""
     store = dist.HashStore()
     _peer(store, progress_age=0.0, warm=True, pid=_exited_child())
     health = _health(_ReportsAfterTheFirstLook(store, "done/1", "1"), timeout_s=5.0)
