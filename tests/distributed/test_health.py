@@ -43,15 +43,21 @@ def test_a_rank_still_compiling_gets_the_startup_timeout():
     assert "is hung" in (health.scan() or "")
 
 
-def test_a_dead_process_is_named():
-    store = dist.HashStore()
-    health = _health(store, timeout_s=5.0)
+def _exited_child() -> int:
+    """The pid of a process that has exited and been reaped."""
     child = torch.multiprocessing.get_context("spawn").Process(target=time.sleep, args=(0,))
     child.start()
     child.join()
-    _peer(store, progress_age=0.0, warm=True, pid=child.pid)
+    return child.pid
+
+
+def test_a_dead_process_is_named():
+    store = dist.HashStore()
+    health = _health(store, timeout_s=5.0)
+    pid = _exited_child()
+    _peer(store, progress_age=0.0, warm=True, pid=pid)
     message = health.scan() or ""
-    assert f"pid {child.pid}" in message and "died" in message
+    assert f"pid {pid}" in message and "died" in message
 
 
 class _ReportsAfterTheFirstLook:
@@ -70,13 +76,6 @@ class _ReportsAfterTheFirstLook:
 
     def __getattr__(self, name):
         return getattr(self.store, name)
-
-
-def _exited_child() -> int:
-    child = torch.multiprocessing.get_context("spawn").Process(target=time.sleep, args=(0,))
-    child.start()
-    child.join()
-    return child.pid
 
 
 def test_a_rank_that_reports_done_and_exits_during_a_scan_is_not_named_dead():
