@@ -117,6 +117,23 @@ def print_trace(mode: str, shape: DrafterShape, size: PassSize) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the measurement
+def kernel_profile(step, steps: int = 3, top: int = 30) -> dict:
+    """``steps`` steps under torch's profiler: each kernel's device time a step (ms), the largest first, and the
+    steps' whole device time. Kernel names of compiled code name the operations they fuse."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels = [(e.key, e.self_device_time_total / 1e3 / steps, e.count // steps) for e in prof.key_averages()
+               if e.self_device_time_total > 0]
+    kernels.sort(key=lambda k: -k[1])
+    return {"device_ms_per_step": sum(k[1] for k in kernels),
+            "kernels": [f"{ms:8.2f} ms  x{n:<4d} {name[:110]}" for name, ms, n in kernels[:top]]}
+
+
 def _allocated() -> float:
     return torch.cuda.memory_allocated() / GIB
 
@@ -552,6 +569,8 @@ def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: 
             result.update(marks)
         if args.peak_owners and cuda:
             result["peak_owners"] = peak_owners(lambda: arm.step(delivery(batches[-1])))
+        if args.profile and cuda:
+            result["profile"] = kernel_profile(lambda: arm.step(delivery(batches[-1])))
         if args.saved_tensors:
             try:
                 result["saved_tensors"] = saved_by_layer(arm.layers, lambda: arm.forward_only(delivery(batches[-1])))
@@ -613,6 +632,8 @@ def main() -> int:
     parser.add_argument("--peak-owners", action="store_true",
                         help="also run one step under CUDA's allocation history and print what is live at its peak, "
                              "by the code that allocated it")
+    parser.add_argument("--profile", action="store_true",
+                        help="also run three steps under torch's profiler and print each kernel's device time a step")
     parser.add_argument("--json", type=Path, help="write the results (and the environment) here")
     args = parser.parse_args()
     cfg = build_drafter_config(target_config(args.shape), num_hidden_layers=args.layers, block_size=16)
@@ -650,6 +671,11 @@ def main() -> int:
             print(f"  {r['variant']}: live at the step's peak, {owners['peak_gib']:.2f} GiB "
                   f"({owners['held_before_step_gib']:.2f} held before the step):")
             for line in owners["owners"]:
+                print(f"    {line}")
+        prof = r.get("profile")
+        if prof:
+            print(f"  {r['variant']}: kernels, {prof['device_ms_per_step']:.1f} ms of device time a step:")
+            for line in prof["kernels"]:
                 print(f"    {line}")
         for where, entry in (r.get("saved_tensors") or {}).items():
             print(f"  {r['variant']}: saved {where}: " + (entry if isinstance(entry, str) else
