@@ -122,6 +122,52 @@ def test_gradients_written_over_the_buffers_have_the_same_bits(multiplier, softc
     assert torch.equal(raw3, raw) and torch.equal(bias3, bias)
 
 
+@pytest.mark.parametrize("teacher_index", [None, torch.tensor([0, 2, 1, 1, 0, 2, 2, 0, 1])], ids=["per-row", "distinct"])
+def test_the_bias_folded_into_unscaled_logits_gives_the_same_terms_and_one_gradient(teacher_index):
+    """Unscaled logits take the Markov bias in the head's matmul (``bias`` None, ``raw`` = z): the terms are bit for
+    bit those of the bias apart (fp32 buffers, where adding it first is the same sum), and the one gradient written
+    over ``raw`` is ``dz``, which is then also the raw logits' gradient."""
+    from draftline.objective.dspark_head_loss import dspark_chunk_terms, dspark_chunk_terms_into
+
+    torch.manual_seed(7)
+    raw, bias = (torch.randn(9, 40) * 3 for _ in range(2))
+    teacher_raw = torch.randn(9 if teacher_index is None else 3, 40) * 3
+    args = (torch.randint(0, 40, (9,)), torch.rand(9), 0.1, 0.9, 1.0, None, True, teacher_index)
+    ce, l1, correct, grad_z, grad_raw = dspark_chunk_terms(raw, bias, teacher_raw, *args)
+    folded = raw + bias
+    ce2, l12, correct2 = dspark_chunk_terms_into(folded, None, teacher_raw, *args)
+    assert torch.equal(ce2, ce) and torch.equal(l12, l1) and torch.equal(correct2, correct)
+    assert torch.equal(folded, grad_z) and torch.equal(grad_z, grad_raw)
+
+
+def test_the_bias_is_not_folded_into_scaled_logits():
+    """A multiplier or a softcap comes before the bias: a caller that folded it anyway is refused."""
+    from draftline.objective.dspark_head_loss import dspark_chunk_terms_into
+
+    raw, teacher_raw = torch.randn(3, 8), torch.randn(3, 8)
+    for multiplier, softcap in ((0.5, None), (1.0, 30.0)):
+        with pytest.raises(ValueError, match="not scaled"):
+            dspark_chunk_terms_into(raw, None, teacher_raw, torch.zeros(3, dtype=torch.long), torch.ones(3), 0.1, 0.9,
+                                    multiplier, softcap, True)
+
+
+@pytest.mark.parametrize("multiplier,softcap", [(1.0, None), (0.5, 3.0)])
+def test_a_bf16_head_forms_z_as_the_compiled_path_does(multiplier, softcap):
+    """With a bf16 head (training's dtype) the eager loop and the chunk body form the same z, unscaled (the bias in
+    the head's matmul, rounded once) or scaled (the bias apart, in fp32): same hits, terms within fp32 summation
+    order."""
+    inputs = _inputs(seed=3, rows=11, hidden=16, rank=4, vocab=300, dtype=torch.float32, scale=1.5)
+    inputs["head_weight"] = inputs["head_weight"].bfloat16()
+    kw = dict(chunk_rows=4, multiplier=multiplier, softcap=softcap)
+    eager = _run(dspark_head_loss, inputs, fused=False, **kw)
+    body = _run(dspark_head_loss, inputs, fused=True, **kw)
+    assert torch.equal(eager[4], body[4])
+    for mine, theirs in zip(body[:4], eager[:4]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(body[5], eager[5]):
+        torch.testing.assert_close(mine, theirs, rtol=1e-2, atol=1e-4)
+
+
 def test_each_stage_compiled_apart_gives_the_same_bits():
     """CUDA compiles the three stages apart (``_fused_terms``); compiled so with aot_eager here, the chunk's terms
     and the gradients written over its buffers are bit for bit the uncompiled body's."""

@@ -18,11 +18,15 @@ and the function returns ``sum w (ce_weight CE + l1_weight L1)`` with the gradie
 ``dl = dz W2``, ``dW2 = dz^T l``. Backward then only scales them: nothing of ``[rows, vocab]`` is kept.
 
 The matmuls (the head, the bias ``l W2^T`` and the three gradients) run in the head's dtype (bf16 in training,
-as DeepSpec's under autocast); the softmaxes, the reductions and ``dz`` in fp32. On CUDA each chunk's work between
-the matmuls is three compiled stages (``dspark_chunk_terms_into``): the rows' log-normalisers, CE and hits; their
-L1 distances and ``<s, q>``; the gradients, written over the student's logits and the bias. Each stage reads the
-three bf16 buffers (the student's and the teacher's logits, the bias) again and hands on per-row numbers only,
-so a chunk costs ``FUSED_BYTES_PER_LOGIT`` (6) bytes per row and vocabulary entry. On the H200, 4,096 rows at
+as DeepSpec's under autocast); the softmaxes, the reductions and ``dz`` in fp32. Where the head's logits are not
+scaled (multiplier 1, no softcap: most targets) the bias is added in the head's own matmul (``addmm_``, one rounding
+of the sum), so z is one buffer in the head's dtype and ``dz`` is the raw logits' gradient too; scaled logits keep
+the bias in a buffer of its own, added in fp32 after the scaling. On CUDA each chunk's work between
+the matmuls is three compiled stages (``dspark_chunk_terms_into``): the rows' log-normalisers (the teacher's once per
+distinct teacher row), CE and hits; their L1 distances and ``<s, q>``; the gradients, written over the student's
+logits (and the bias). Each stage reads the bf16 buffers (the student's and the teacher's logits, the bias where
+it is apart) again and hands on per-row numbers only, so a chunk costs at most ``FUSED_BYTES_PER_LOGIT`` (6) bytes
+per row and vocabulary entry, 4 or less with unscaled logits. On the H200, 4,096 rows at
 V = 151,936 in chunks of 1,024 peaked 1.10 GiB above their inputs compiled (the gradients returned included;
 1.68 GiB when one compiled body kept an fp32 buffer between its passes) and 3.71 GiB in the eager loop, which
 CPU runs (the fp32 logits, log-softmax, distributions, their difference and sign, in place where it can).
@@ -44,8 +48,9 @@ import torch
 from draftline.objective.head_loss import scale_logits
 
 FUSED_BYTES_PER_LOGIT = 6
-"""Bytes per row and vocabulary entry of one compiled chunk (CUDA): the three bf16 buffers, the student's and the
-teacher's logits and the Markov bias, which then hold the two gradients. The compiled stages pass each other
+"""Bytes per row and vocabulary entry of one compiled chunk (CUDA), at most: the three bf16 buffers, the student's and
+the teacher's logits and the Markov bias, which then hold the two gradients (unscaled logits take the bias into
+their own buffer: two). The compiled stages pass each other
 per-row numbers only (tests/objective/test_dspark_head_loss.py measures the bound on CUDA, softcap included). With
 distinct teacher rows the teacher's buffer holds fewer rows than the chunk: the bound stays, with room to spare."""
 
@@ -69,34 +74,50 @@ def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, sof
     return logits, slope
 
 
-def _logits(raw, bias, teacher_raw, teacher_index, multiplier, softcap):
-    """(z, the teacher's logits, tanh of the softcap or None), fp32, recomputed from the bf16 buffers by each
-    stage below rather than kept. ``teacher_index`` (or None: one teacher row per row) picks each row's teacher
-    among the chunk's distinct ones: an indexed read, fused into each compiled stage."""
+def _logits_and_bias(h, latent, weight, w2, unscaled):
+    """(raw logits, Markov bias or None), both [R, V] in the head's dtype. Unscaled logits take the bias in the
+    head's matmul (``addmm_``: added in its accumulator, rounded once), and the bias is None: z in one buffer, as
+    DeepSpec's bf16 sum under autocast has it. Scaled logits need the bias apart: it is added after the scaling."""
+    raw = h.to(weight.dtype) @ weight.t()
+    if unscaled:
+        return raw.addmm_(latent, w2.t()), None
+    return raw, latent @ w2.t()
+
+
+def _student_logits(raw, bias, multiplier, softcap):
+    """(z, tanh of the softcap or None), fp32, recomputed from the bf16 buffers by each stage below rather than kept.
+    ``bias`` None: ``raw`` holds z already (unscaled logits with the Markov bias added in the head's matmul)."""
     logits, tanh = scale_logits(raw, multiplier, softcap)
+    return (logits if bias is None else logits + bias.to(logits.dtype)), tanh
+
+
+def _teacher_logits(teacher_raw, teacher_index, multiplier, softcap):
+    """Each row's teacher logits, fp32: ``teacher_index`` (or None: one teacher row per row) picks each row's
+    teacher among the chunk's distinct ones, an indexed read fused into each compiled stage."""
     teacher = teacher_raw if teacher_index is None else teacher_raw[teacher_index]
-    return logits + bias.to(logits.dtype), scale_logits(teacher, multiplier, softcap)[0], tanh
+    return scale_logits(teacher, multiplier, softcap)[0]
 
 
-def chunk_stats(raw, bias, teacher_raw, teacher_index, labels, multiplier, softcap):
-    """Stage 1, reductions over the vocabulary: (logsumexp z [R], logsumexp of the teacher's logits [R], CE [R],
-    correct [R])."""
-    z, t, _ = _logits(raw, bias, teacher_raw, teacher_index, multiplier, softcap)
+def chunk_stats(raw, bias, teacher_raw, labels, multiplier, softcap):
+    """Stage 1, reductions over the vocabulary: (logsumexp z [R], logsumexp of each of ``teacher_raw``'s rows (its
+    distinct rows: [U]; None without a teacher), CE [R], correct [R])."""
+    z, _ = _student_logits(raw, bias, multiplier, softcap)
     lse_z = torch.logsumexp(z, dim=-1)
     ce = lse_z - z.gather(1, labels[:, None]).squeeze(1)
-    return lse_z, torch.logsumexp(t, dim=-1), ce, z.argmax(dim=-1) == labels
+    lse_t = None if teacher_raw is None else torch.logsumexp(scale_logits(teacher_raw, multiplier, softcap)[0], dim=-1)
+    return lse_z, lse_t, ce, z.argmax(dim=-1) == labels
 
 
 def _q_and_difference(z, t, lse_z, lse_t):
-    """(q, q - p) from the logits and their log-normalisers."""
+    """(q, q - p) from the logits and their log-normalisers (``lse_t`` a row's own)."""
     q = torch.exp(z - lse_z[:, None])
     return q, (q - torch.exp(t - lse_t[:, None]))
 
 
 def chunk_distances(raw, bias, teacher_raw, teacher_index, lse_z, lse_t, multiplier, softcap):
     """Stage 2, reductions: (L1 = sum |q - p| [R], <sign(q - p), q> [R])."""
-    z, t, _ = _logits(raw, bias, teacher_raw, teacher_index, multiplier, softcap)
-    q, diff = _q_and_difference(z, t, lse_z, lse_t)
+    z, _ = _student_logits(raw, bias, multiplier, softcap)
+    q, diff = _q_and_difference(z, _teacher_logits(teacher_raw, teacher_index, multiplier, softcap), lse_z, lse_t)
     return diff.abs().sum(-1), (diff.sign() * q).sum(-1)
 
 
@@ -104,8 +125,8 @@ def chunk_gradients(raw, bias, teacher_raw, teacher_index, labels, row_weights, 
                     l1_weight, multiplier, softcap):
     """Stage 3, elementwise: (dz [R, V], d loss / d raw [R, V]), fp32, each row's weight (not yet normalised)
     included."""
-    z, t, tanh = _logits(raw, bias, teacher_raw, teacher_index, multiplier, softcap)
-    q, diff = _q_and_difference(z, t, lse_z, lse_t)
+    z, tanh = _student_logits(raw, bias, multiplier, softcap)
+    q, diff = _q_and_difference(z, _teacher_logits(teacher_raw, teacher_index, multiplier, softcap), lse_z, lse_t)
     grad_z = q * (ce_weight + l1_weight * (diff.sign() - sign_q[:, None]))
     vocab = torch.arange(z.shape[1], device=z.device)
     grad_z = torch.where(vocab[None, :] == labels[:, None], grad_z - ce_weight, grad_z)
@@ -120,14 +141,27 @@ def chunk_gradients(raw, bias, teacher_raw, teacher_index, labels, row_weights, 
 
 def chunk_gradients_into(raw, bias, teacher_raw, teacher_index, labels, row_weights, lse_z, lse_t, sign_q, ce_weight,
                          l1_weight, multiplier, softcap):
-    """``chunk_gradients`` written over its inputs: ``dz`` over ``bias``, ``d loss / d raw`` over ``raw``."""
+    """``chunk_gradients`` written over its inputs: ``dz`` over ``bias``, ``d loss / d raw`` over ``raw`` (with
+    ``bias`` None the two are one, written over ``raw``)."""
     grad_z, grad_raw = chunk_gradients(raw, bias, teacher_raw, teacher_index, labels, row_weights, lse_z, lse_t,
                                        sign_q, ce_weight, l1_weight, multiplier, softcap)
-    bias.copy_(grad_z)
+    if bias is not None:
+        bias.copy_(grad_z)
     raw.copy_(grad_raw)
 
 
 _STAGES = (chunk_stats, chunk_distances, chunk_gradients_into)
+
+
+def _check_bias(bias, multiplier, softcap):
+    if bias is None and (multiplier != 1.0 or softcap):
+        raise ValueError("the Markov bias can be folded into the logits only when they are not scaled (multiplier 1, "
+                         "no softcap): it is added after the scaling")
+
+
+def _row_lse_t(lse_t, teacher_index):
+    """Each row's teacher log-normaliser from its distinct row's."""
+    return lse_t if teacher_index is None else lse_t[teacher_index]
 
 
 def dspark_chunk_terms(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_weight, multiplier, softcap,
@@ -135,13 +169,15 @@ def dspark_chunk_terms(raw, bias, teacher_raw, labels, row_weights, ce_weight, l
     """One chunk's (CE [R], L1 [R], correct [R], dz [R, V] or None, d loss / d raw [R, V] or None), functionally.
 
     ``raw`` and ``teacher_raw`` are the head's logits of the student's and the teacher's rows in the head's dtype
-    (before multiplier and softcap), ``bias`` the Markov bias ``l W2^T``; with ``teacher_index`` [R],
-    ``teacher_raw`` holds the chunk's distinct teacher rows and row i reads ``teacher_raw[teacher_index[i]]``. The
-    same arithmetic as the eager loop of ``_DSparkHeadLoss`` (the module docstring), in three stages that each read
-    the bf16 buffers again and pass on only per-row numbers; the gradients carry each row's weight (not yet
-    normalised), in fp32.
+    (before multiplier and softcap), ``bias`` the Markov bias ``l W2^T``, or None when ``raw`` holds z already (the
+    bias added in the head's matmul: unscaled logits only); with ``teacher_index`` [R], ``teacher_raw`` holds the
+    chunk's distinct teacher rows and row i reads ``teacher_raw[teacher_index[i]]``. The same arithmetic as the
+    eager loop of ``_DSparkHeadLoss`` (the module docstring), in three stages that each read the bf16 buffers again
+    and pass on only per-row numbers; the gradients carry each row's weight (not yet normalised), in fp32.
     """
-    lse_z, lse_t, ce, correct = chunk_stats(raw, bias, teacher_raw, teacher_index, labels, multiplier, softcap)
+    _check_bias(bias, multiplier, softcap)
+    lse_z, lse_t, ce, correct = chunk_stats(raw, bias, teacher_raw, labels, multiplier, softcap)
+    lse_t = _row_lse_t(lse_t, teacher_index)
     l1, sign_q = chunk_distances(raw, bias, teacher_raw, teacher_index, lse_z, lse_t, multiplier, softcap)
     if not need_grad:
         return ce, l1, correct, None, None
@@ -152,11 +188,13 @@ def dspark_chunk_terms(raw, bias, teacher_raw, labels, row_weights, ce_weight, l
 
 def dspark_chunk_terms_into(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_weight, multiplier, softcap,
                             need_grad, teacher_index=None, stages=_STAGES):
-    """``dspark_chunk_terms`` with the two gradients written over the inputs (when ``need_grad``): ``dz`` over
-    ``bias``, ``d loss / d raw`` over ``raw``, each in its buffer's dtype. Returns (CE, L1, correct). With each
-    stage compiled (``stages``: CUDA), nothing of ``[R, V]`` is allocated beyond the three buffers the caller
-    made: the stages hand each other per-row numbers only."""
-    lse_z, lse_t, ce, correct = stages[0](raw, bias, teacher_raw, teacher_index, labels, multiplier, softcap)
+    """``dspark_chunk_terms`` with the gradients written over the inputs (when ``need_grad``): ``dz`` over
+    ``bias``, ``d loss / d raw`` over ``raw``, each in its buffer's dtype (``bias`` None: the one gradient over
+    ``raw``). Returns (CE, L1, correct). With each stage compiled (``stages``: CUDA), nothing of ``[R, V]`` is
+    allocated beyond the buffers the caller made: the stages hand each other per-row numbers only."""
+    _check_bias(bias, multiplier, softcap)
+    lse_z, lse_t, ce, correct = stages[0](raw, bias, teacher_raw, labels, multiplier, softcap)
+    lse_t = _row_lse_t(lse_t, teacher_index)
     l1, sign_q = stages[1](raw, bias, teacher_raw, teacher_index, lse_z, lse_t, multiplier, softcap)
     if need_grad:
         stages[2](raw, bias, teacher_raw, teacher_index, labels, row_weights, lse_z, lse_t, sign_q, ce_weight,
@@ -205,6 +243,7 @@ class _DSparkHeadLoss(torch.autograd.Function):
         grad_w2 = torch.zeros(w2.shape, dtype=dtype, device=device) if need_w2 else None
         mm = head.dtype  # every matmul in the head's dtype (bf16 in training, as under autocast); the rest fp32
         w2_mm = w2.to(mm)
+        unscaled = multiplier == 1.0 and not softcap
         body = None if not fused else _fused_terms() if hidden.is_cuda else dspark_chunk_terms_into
         for chunk, start in enumerate(range(0, rows, chunk_rows)):
             end = min(start + chunk_rows, rows)
@@ -217,8 +256,7 @@ class _DSparkHeadLoss(torch.autograd.Function):
                 chunk_teacher = teacher[teacher_offsets[chunk] : teacher_offsets[chunk + 1]]
                 pick = teacher_index[start:end]
             if body is not None:
-                raw = hidden[start:end].to(mm) @ head.t()
-                bias = lat @ w2_mm.t()
+                raw, bias = _logits_and_bias(hidden[start:end], lat, head, w2_mm, unscaled)
                 teacher_raw = chunk_teacher.to(mm) @ head.t()
                 ce, l1, correct[start:end] = body(raw, bias, teacher_raw, label, weights, ce_weight, l1_weight,
                                                   multiplier, softcap, need_grad, pick)
@@ -226,18 +264,23 @@ class _DSparkHeadLoss(torch.autograd.Function):
                 accept[start:end] = (1.0 - 0.5 * l1).clamp(0.0, 1.0)
                 ce_sum = ce_sum + (ce * weights).sum()
                 l1_sum = l1_sum + (l1 * weights).sum()
-                if need_grad:  # bias holds dz now, raw the gradient of the raw logits
+                if need_grad:  # bias holds dz now, raw the gradient of the raw logits (one buffer when unscaled)
+                    grad_z = raw if bias is None else bias
                     if need_w2:
-                        grad_w2 += bias.t() @ lat
+                        grad_w2 += grad_z.t() @ lat
                     if need_latent:
-                        grad_latent[start:end] = (bias @ w2_mm).to(latent.dtype)
+                        grad_latent[start:end] = (grad_z @ w2_mm).to(latent.dtype)
                     if need_h:
                         grad_h[start:end] = (raw @ head).to(hidden.dtype)
                 del raw, bias
                 continue
-            z, slope = _scaled_logits(hidden[start:end], head, multiplier, softcap)
-            z = z.to(dtype)
-            z += lat @ w2_mm.t()  # + the Markov bias W2 l
+            if unscaled:  # z as the compiled path forms it: the bias added in the head's matmul
+                z = _logits_and_bias(hidden[start:end], lat, head, w2_mm, True)[0].to(dtype)
+                slope = None
+            else:
+                z, slope = _scaled_logits(hidden[start:end], head, multiplier, softcap)
+                z = z.to(dtype)
+                z += lat @ w2_mm.t()  # + the Markov bias W2 l
             log_q = torch.log_softmax(z, dim=-1)
             del z
             ce = -log_q.gather(1, label[:, None]).squeeze(1)
@@ -334,11 +377,10 @@ def dspark_row_ce(hidden: torch.Tensor, latent: torch.Tensor, w2: torch.Tensor, 
     """Each labelled row's cross-entropy of the Markov-corrected logits, ``logsumexp(z) - z[y]`` [M] (fp32; fp64 for an
     fp64 head), without gradients: the input of weights that depend on a whole block's rows (D-PACE,
     ``objective.dspark``), which the loss's chunks may split. A pass over the head before the loss's own, chunked as
-    it is, through the same stage 1 (``chunk_stats``, compiled on CUDA; its teacher input is the student's logits,
-    whose normaliser goes unused), so the values are those the loss computes. On CUDA its chunk holds two [R, V]
-    buffers in the head's dtype (4 bytes per logit in bf16, under the loss chunk's ``FUSED_BYTES_PER_LOGIT``), freed
-    before the loss starts; its cost is the head's and the bias's matmuls again and one more read of the logits (not
-    measured on CUDA)."""
+    it is, through the same stage 1 (``chunk_stats``, compiled on CUDA, with no teacher), so the values are those the
+    loss computes. On CUDA its chunk holds at most two [R, V] buffers in the head's dtype (4 bytes per logit in
+    bf16, under the loss chunk's ``FUSED_BYTES_PER_LOGIT``), freed before the loss starts; its cost is the head's and
+    the bias's matmuls again and one more read of the logits (not measured on CUDA)."""
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     head = head_weight.detach()
@@ -349,9 +391,9 @@ def dspark_row_ce(hidden: torch.Tensor, latent: torch.Tensor, w2: torch.Tensor, 
         w2_mm = w2.detach().to(mm)
         for start in range(0, hidden.shape[0], chunk_rows):
             end = min(start + chunk_rows, hidden.shape[0])
-            raw = hidden[start:end].detach().to(mm) @ head.t()
-            bias = latent[start:end].detach().to(mm) @ w2_mm.t()
-            ce[start:end] = stats(raw, bias, raw, None, labels[start:end], multiplier, softcap)[2]
+            raw, bias = _logits_and_bias(hidden[start:end].detach(), latent[start:end].detach().to(mm), head, w2_mm,
+                                         multiplier == 1.0 and not softcap)
+            ce[start:end] = stats(raw, bias, None, labels[start:end], multiplier, softcap)[2]
             del raw, bias
     return ce
 
