@@ -19,9 +19,9 @@ and the function returns ``sum w (ce_weight CE + l1_weight L1)`` with the gradie
 
 The matmuls (the head, the bias ``l W2^T`` and the three gradients) run in the head's dtype (bf16 in training,
 as DeepSpec's under autocast); the softmaxes, the reductions and ``dz`` in fp32. Where the head's logits are not
-scaled (multiplier 1, no softcap: most targets) the bias is added in the head's own matmul (``addmm_``, one rounding
-of the sum), so z is one buffer in the head's dtype and ``dz`` is the raw logits' gradient too; scaled logits keep
-the bias in a buffer of its own, added in fp32 after the scaling. On CUDA each chunk's work between
+scaled (multiplier 1, no softcap: most targets) the bias is added in the head's own matmul (``addmm`` into the
+logits, one rounding of the sum), so z is one buffer in the head's dtype and ``dz`` is the raw logits' gradient too;
+scaled logits keep the bias in a buffer of its own, added in fp32 after the scaling. On CUDA each chunk's work between
 the matmuls is three compiled stages (``dspark_chunk_terms_into``): the rows' log-normalisers (the teacher's once per
 distinct teacher row), CE and hits; their L1 distances and ``<s, q>``; the gradients, written over the student's
 logits (and the bias). Each stage reads the bf16 buffers (the student's and the teacher's logits, the bias where
@@ -76,11 +76,12 @@ def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, sof
 
 def _logits_and_bias(h, latent, weight, w2, unscaled):
     """(raw logits, Markov bias or None), both [R, V] in the head's dtype. Unscaled logits take the bias in the
-    head's matmul (``addmm_``: added in its accumulator, rounded once), and the bias is None: z in one buffer, as
-    DeepSpec's bf16 sum under autocast has it. Scaled logits need the bias apart: it is added after the scaling."""
+    head's matmul (``addmm`` into the logits: added in its accumulator, rounded once), and the bias is None: z in one
+    buffer, as DeepSpec's bf16 sum under autocast has it. Scaled logits need the bias apart: it is added after the
+    scaling."""
     raw = h.to(weight.dtype) @ weight.t()
     if unscaled:
-        return raw.addmm_(latent, w2.t()), None
+        return torch.addmm(raw, latent, w2.t(), out=raw), None  # in place; torch's FLOP counter sees addmm.out
     return raw, latent @ w2.t()
 
 
