@@ -273,6 +273,7 @@ class _DSparkHeadLoss(torch.autograd.Function):
                         grad_latent[start:end] = (grad_z @ w2_mm).to(latent.dtype)
                     if need_h:
                         grad_h[start:end] = (raw @ head).to(hidden.dtype)
+                    del grad_z  # else it would hold this chunk's buffer through the next chunk
                 del raw, bias
                 continue
             if unscaled:  # z as the compiled path forms it: the bias added in the head's matmul
