@@ -189,3 +189,24 @@ def test_compiled_head_loss_holds_one_chunk_of_logits_on_cuda():
         transient = torch.cuda.max_memory_allocated() - before
         del loss
     assert one_chunk <= transient < 1.5 * one_chunk, (transient, one_chunk)
+
+
+def test_compiled_over_rows_the_row_count_is_dynamic_and_the_vocabulary_static():
+    """``compile_over_rows``: chunks of other row counts reuse one graph (no compile per chunk size), whose only
+    symbolic sizes are the rows; the vocabulary stays a constant in it."""
+    from draftline.objective.head_loss import compile_over_rows, loss_and_grad_into_logits
+
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append([i for i in inputs if not isinstance(i, torch.Tensor)])  # the symbolic sizes passed in
+        return gm.forward
+
+    torch._dynamo.reset()
+    fn = compile_over_rows(loss_and_grad_into_logits, backend=backend)
+    vocab = 37
+    for rows in (9, 7, 5, 9):
+        raw = torch.randn(rows, vocab).bfloat16()
+        fn(raw, torch.randint(0, vocab, (rows,)), torch.rand(rows), 1.0, None, None, 0.0, True)
+    assert len(graphs) == 1
+    assert len(graphs[0]) == 1 and graphs[0][0] in (9, 7, 5)  # one symbolic size: the rows

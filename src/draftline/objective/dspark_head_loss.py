@@ -45,7 +45,7 @@ import functools
 
 import torch
 
-from draftline.objective.head_loss import scale_logits
+from draftline.objective.head_loss import compile_over_rows, scale_logits
 
 FUSED_BYTES_PER_LOGIT = 6
 """Bytes per row and vocabulary entry of one compiled chunk (CUDA), at most: the three bf16 buffers, the student's and
@@ -207,7 +207,7 @@ def dspark_chunk_terms_into(raw, bias, teacher_raw, labels, row_weights, ce_weig
 def _compiled_stages():
     """The three stages compiled (CUDA only), once each: compiled apart, no stage can keep an fp32 [R, V] buffer
     for the next."""
-    return tuple(torch.compile(stage, dynamic=True) for stage in _STAGES)
+    return tuple(compile_over_rows(stage) for stage in _STAGES)
 
 
 @functools.cache

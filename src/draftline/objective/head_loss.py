@@ -84,11 +84,28 @@ def loss_and_grad_into_logits(raw, labels, row_weights, multiplier, softcap, tea
     return loss, correct, ce
 
 
+def compile_over_rows(fn, backend: str = "inductor"):
+    """``fn`` compiled with each tensor argument's first dimension (its rows: a chunk's, which change with every
+    pass) dynamic and the others (the vocabulary, the hidden size) static. A kernel over ``[R, V]`` then finds an
+    element's row by dividing its index by a constant, which the compiler turns into a multiply, where a dynamic
+    ``V`` costs a 64-bit division per element."""
+    compiled = torch.compile(fn, backend=backend)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        for arg in (*args, *kwargs.values()):
+            if isinstance(arg, torch.Tensor) and arg.dim() > 0:
+                torch._dynamo.maybe_mark_dynamic(arg, 0)
+        return compiled(*args, **kwargs)
+
+    return call
+
+
 @functools.cache
 def _fused_loss_and_grad():
     """``loss_and_grad_into_logits`` compiled (CUDA only), once: 2-3 passes over bf16 logits instead of ~10
     over an fp32 copy, and no second ``[R, V]`` buffer for the gradient."""
-    return torch.compile(loss_and_grad_into_logits, dynamic=True)
+    return compile_over_rows(loss_and_grad_into_logits)
 
 
 class _ChunkedHeadLoss(torch.autograd.Function):
