@@ -122,7 +122,8 @@ def test_gradients_written_over_the_buffers_have_the_same_bits(multiplier, softc
     assert torch.equal(raw3, raw) and torch.equal(bias3, bias)
 
 
-@pytest.mark.parametrize("teacher_index", [None, torch.tensor([0, 2, 1, 1, 0, 2, 2, 0, 1])], ids=["per-row", "distinct"])
+@pytest.mark.parametrize("teacher_index", [None, torch.tensor([0, 2, 1, 1, 0, 2, 2, 0, 1])],
+                         ids=["per-row", "distinct"])
 def test_the_bias_folded_into_unscaled_logits_gives_the_same_terms_and_one_gradient(teacher_index):
     """Unscaled logits take the Markov bias in the head's matmul (``bias`` None, ``raw`` = z): the terms are bit for
     bit those of the bias apart (fp32 buffers, where adding it first is the same sum), and the one gradient written

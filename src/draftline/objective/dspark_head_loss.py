@@ -27,7 +27,8 @@ distinct teacher row), CE and hits; their L1 distances and ``<s, q>``; the gradi
 logits (and the bias). Each stage reads the bf16 buffers (the student's and the teacher's logits, the bias where
 it is apart) again and hands on per-row numbers only, so a chunk costs at most ``FUSED_BYTES_PER_LOGIT`` (6) bytes
 per row and vocabulary entry, 4 or less with unscaled logits. On the H200, 4,096 rows at
-V = 151,936 in chunks of 1,024 peaked 1.10 GiB above their inputs compiled (the gradients returned included;
+V = 151,936 in chunks of 1,024 peaked 0.81 GiB above their inputs compiled, unscaled (1.10 with a softcap, and
+unscaled before the bias was folded; the gradients returned included;
 1.68 GiB when one compiled body kept an fp32 buffer between its passes) and 3.71 GiB in the eager loop, which
 CPU runs (the fp32 logits, log-softmax, distributions, their difference and sign, in place where it can).
 ``W2``'s gradient is one fp32 [V, r] buffer for the whole call (254 MB at V = 248,320, r = 256).
@@ -154,8 +155,13 @@ def chunk_gradients_into(raw, bias, teacher_raw, teacher_index, labels, row_weig
 _STAGES = (chunk_stats, chunk_distances, chunk_gradients_into)
 
 
+def _unscaled(multiplier, softcap) -> bool:
+    """Whether the head's logits are used as they are: then the Markov bias can be added in the head's matmul."""
+    return multiplier == 1.0 and not softcap
+
+
 def _check_bias(bias, multiplier, softcap):
-    if bias is None and (multiplier != 1.0 or softcap):
+    if bias is None and not _unscaled(multiplier, softcap):
         raise ValueError("the Markov bias can be folded into the logits only when they are not scaled (multiplier 1, "
                          "no softcap): it is added after the scaling")
 
@@ -244,7 +250,7 @@ class _DSparkHeadLoss(torch.autograd.Function):
         grad_w2 = torch.zeros(w2.shape, dtype=dtype, device=device) if need_w2 else None
         mm = head.dtype  # every matmul in the head's dtype (bf16 in training, as under autocast); the rest fp32
         w2_mm = w2.to(mm)
-        unscaled = multiplier == 1.0 and not softcap
+        unscaled = _unscaled(multiplier, softcap)
         body = None if not fused else _fused_terms() if hidden.is_cuda else dspark_chunk_terms_into
         for chunk, start in enumerate(range(0, rows, chunk_rows)):
             end = min(start + chunk_rows, rows)
@@ -394,7 +400,7 @@ def dspark_row_ce(hidden: torch.Tensor, latent: torch.Tensor, w2: torch.Tensor, 
         for start in range(0, hidden.shape[0], chunk_rows):
             end = min(start + chunk_rows, hidden.shape[0])
             raw, bias = _logits_and_bias(hidden[start:end].detach(), latent[start:end].detach().to(mm), head, w2_mm,
-                                         multiplier == 1.0 and not softcap)
+                                         _unscaled(multiplier, softcap))
             ce[start:end] = stats(raw, bias, None, labels[start:end], multiplier, softcap)[2]
             del raw, bias
     return ce
