@@ -7,6 +7,8 @@
     $PY bench/quality.py run --corpus-dir Q/demo --arms peer,init,random --seeds 0,1,2 --eval-prompts 32
     $PY bench/quality.py run --corpus-dir Q/sitepkgs --arms peer,init,random --seeds 0,1,2 --eval-prompts 32
     $PY bench/quality.py table Q/demo Q/sitepkgs
+    $PY bench/quality.py resample --from Q/demo --out Q/demo-t1 --temperature 1   # the replies sampled
+    $PY bench/quality.py run --corpus-dir Q/demo-t1 --arms init --seeds 0 --temperature 1  # judged sampling
 
 The tables and their reading: docs/benchmarks/2026-12-acceptance-vs-peer.md (there the demo corpus was
 1,280 conversations regenerated, of which the first 640 were prepared again; each run takes 6-11 minutes
@@ -34,7 +36,8 @@ peer script): every arm gets the peer's budget and settings, the flags of ``BUDG
   ``--markov-rank``, ``--markov-head-type``, ``--no-confidence-head``, ``--dspark-loss-weights``; ``--loss dpace``: D-PACE weights on its terms).
 
 The judge: the official ``dflash`` package's ``DFlashDraftModel.from_pretrained`` on each run's
-exported drafter and its ``dflash_generate`` (greedy, block 8) on the held-out prompts with the
+exported drafter and its ``dflash_generate`` (greedy, block 8; ``--temperature T``: its rejection sampling at T,
+seeded) on the held-out prompts with the
 target in fp32 on the CPU; tau = mean committed tokens per target step over all prompts. The official
 package decodes DFlash drafters only: a DSpark arm is judged by draftline's own decoding with its method's
 proposer (``judge_own``: greedy, equal to a one-token-at-a-time oracle in tests/evaluate/test_dspark_decoding.py;
@@ -134,6 +137,30 @@ def build_corpus(name: str, out: Path, conversations: int, seed: int = 0, prompt
     data, _ = pipeline.make_data(cfg, out, pipeline.Stages())
     meta = {"corpus": name, "target": str(pipeline.TARGET), "data": str(data), "prompts": str(prompts_file),
             "conversations": conversations, "data_s": time.time() - start}
+    (out / "corpus.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def resample_corpus(source: Path, out: Path, temperature: float, seed: int = 0) -> dict:
+    """A corpus of the same conversations and held-out prompts as ``source``, whose replies the target
+    samples at ``temperature`` (``draftline regenerate --temperature``) instead of answering greedily."""
+    from draftline.demo import pipeline
+
+    src = json.loads((source / "corpus.json").read_text())
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = pipeline.DemoConfig(out=out)
+    draftline = [sys.executable, "-m", "draftline"]
+    replies = out / "regenerated.jsonl"
+    start = time.time()
+    subprocess.run([*draftline, "regenerate", "--target", src["target"], "--input", str(source / "conversations.jsonl"),
+                    "--out", str(replies), "--max-new-tokens", str(cfg.max_new_tokens), "--batch-size", "32",
+                    "--temperature", f"{temperature:g}", "--seed", str(seed)], check=True, cwd=REPO)
+    subprocess.run([*draftline, "prepare", "--target", src["target"], "--input", str(replies), "--out", str(out / "data"),
+                    "--max-length", str(cfg.token_budget), "--overwrite"], check=True, cwd=REPO)
+    meta = {**src, "corpus": f"{src['corpus']}-t{temperature:g}", "data": str(out / "data"),
+            "replies_temperature": temperature, "replies_seed": seed, "resampled_from": str(source.resolve()),
+            "data_s": time.time() - start}
     (out / "corpus.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
@@ -244,7 +271,7 @@ def run_flops(corpus: dict, train: dict) -> dict:
 # The judge: the official dflash package
 
 
-def judge(corpus: dict, run_dir: Path, num_prompts: int, max_new_tokens: int) -> dict:
+def judge(corpus: dict, run_dir: Path, num_prompts: int, max_new_tokens: int, temperature: float = 0.0) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -254,7 +281,7 @@ def judge(corpus: dict, run_dir: Path, num_prompts: int, max_new_tokens: int) ->
     from draftline.methods import method_for
 
     if method_for(load_drafter_config(run_dir / "final")).name != "dflash":
-        return judge_own(corpus, run_dir, num_prompts, max_new_tokens)
+        return judge_own(corpus, run_dir, num_prompts, max_new_tokens, temperature)
     from dflash import model as official
 
     official._cuda_time = time.perf_counter  # its return_stats times with cuda.synchronize
@@ -264,17 +291,19 @@ def judge(corpus: dict, run_dir: Path, num_prompts: int, max_new_tokens: int) ->
     stop = eos_token_ids(target)
     lengths = []
     start = time.time()
+    torch.manual_seed(0)  # its sampling draws from torch's global generator
     with torch.no_grad():
         for prompt in prompts:
             out = official.dflash_generate(drafter, target, torch.tensor([prompt]), max_new_tokens, stop,
-                                           temperature=0.0, block_size=drafter.block_size, return_stats=True)
+                                           temperature=temperature, block_size=drafter.block_size, return_stats=True)
             lengths.append(list(out.acceptance_lengths))
     summary = summarize(lengths, drafter.block_size)
-    summary.update({"judge": "dflash.model.dflash_generate", "max_new_tokens": max_new_tokens, "judge_s": time.time() - start})
+    summary.update({"judge": "dflash.model.dflash_generate", "max_new_tokens": max_new_tokens,
+                    "temperature": temperature, "judge_s": time.time() - start})
     return summary
 
 
-def judge_own(corpus: dict, run_dir: Path, num_prompts: int, max_new_tokens: int) -> dict:
+def judge_own(corpus: dict, run_dir: Path, num_prompts: int, max_new_tokens: int, temperature: float = 0.0) -> dict:
     """A drafter of another method than DFlash (DSpark), which the official dflash package cannot decode: its
     method's proposer in draftline's decoding (greedy, equal token for token to a one-token-at-a-time oracle:
     tests/evaluate/test_dspark_decoding.py), on the same prompts, lengths and stop tokens as ``judge``."""
@@ -293,19 +322,25 @@ def judge_own(corpus: dict, run_dir: Path, num_prompts: int, max_new_tokens: int
     start = time.time()
     with torch.no_grad():
         summary = measure_acceptance(target, proposer, prompts, max_new_tokens=max_new_tokens,
-                                     stop_token_ids=eos_token_ids(target))
+                                     temperature=temperature, stop_token_ids=eos_token_ids(target), seed=0)
     summary.update({"judge": f"draftline {method_for(drafter.config).name} proposer", "max_new_tokens": max_new_tokens,
-                    "judge_s": time.time() - start})
+                    "temperature": temperature, "judge_s": time.time() - start})
     return summary
 
 
-def measure(corpus_dir: Path, run_dir: Path, num_prompts: int, max_new_tokens: int, force: bool = False) -> dict:
-    out = run_dir / "result.json"
+def result_name(temperature: float) -> str:
+    """Greedy judgements in result.json; sampled ones beside them, one file per temperature."""
+    return "result.json" if temperature == 0 else f"result-t{temperature:g}.json"
+
+
+def measure(corpus_dir: Path, run_dir: Path, num_prompts: int, max_new_tokens: int, force: bool = False,
+            temperature: float = 0.0) -> dict:
+    out = run_dir / result_name(temperature)
     if out.is_file() and not force:
         return json.loads(out.read_text())
     corpus = json.loads((corpus_dir / "corpus.json").read_text())
     train = json.loads((run_dir / "train.json").read_text())
-    result = {**train, **judge(corpus, run_dir, num_prompts, max_new_tokens), **run_flops(corpus, train)}
+    result = {**train, **judge(corpus, run_dir, num_prompts, max_new_tokens, temperature), **run_flops(corpus, train)}
     result.pop("command", None)
     out.write_text(json.dumps(result, indent=1) + "\n")
     return result
@@ -315,12 +350,12 @@ def measure(corpus_dir: Path, run_dir: Path, num_prompts: int, max_new_tokens: i
 # Table
 
 
-def table(corpus_dirs: list[Path], baseline: str = "peer") -> str:
+def table(corpus_dirs: list[Path], baseline: str = "peer", temperature: float = 0.0) -> str:
     lines = []
     for corpus_dir in corpus_dirs:
         corpus = json.loads((corpus_dir / "corpus.json").read_text())
         rows: dict[str, list[dict]] = {}
-        for path in sorted((corpus_dir / "runs").glob("*/result.json")):
+        for path in sorted((corpus_dir / "runs").glob(f"*/{result_name(temperature)}")):
             r = json.loads(path.read_text())
             rows.setdefault(r["arm"], []).append(r)
         if not rows:
@@ -359,6 +394,11 @@ def main() -> None:
     d.add_argument("--out", type=Path, required=True, help="the corpus directory (corpus.json, data/, runs/)")
     d.add_argument("--conversations", type=int, default=1280, help="conversations to make (default: %(default)s)")
     d.add_argument("--seed", type=int, default=0, help="seed of the conversations' cut and order")
+    rs = sub.add_parser("resample", help="a corpus of another's conversations, the target's replies sampled")
+    rs.add_argument("--from", dest="source", type=Path, required=True, help="a directory made by `data`")
+    rs.add_argument("--out", type=Path, required=True, help="the new corpus directory")
+    rs.add_argument("--temperature", type=float, required=True, help="the target's sampling temperature")
+    rs.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: %(default)s)")
     r = sub.add_parser("run", help="train each arm for each seed on a corpus, then judge it")
     r.add_argument("--corpus-dir", type=Path, required=True, help="a directory made by `data`")
     r.add_argument("--arms", default="peer,init,random", help="comma-separated arm names (default: %(default)s)")
@@ -368,22 +408,31 @@ def main() -> None:
     r.add_argument("--eval-prompts", type=int, default=48, help="held-out prompts the judge decodes (default: %(default)s)")
     r.add_argument("--eval-max-new-tokens", type=int, default=64, help="new tokens per prompt (default: %(default)s)")
     r.add_argument("--force", action="store_true", help="train and measure again")
+    r.add_argument("--temperature", type=float, default=0.0, help="the judge's sampling temperature: 0 greedy; "
+                   "above 0 rejection sampling, seeded, its results in result-tT.json beside the greedy ones "
+                   "(default: %(default)s)")
     t = sub.add_parser("table", help="print one table per corpus from its runs' result.json")
     t.add_argument("corpus_dirs", type=Path, nargs="+", help="corpus directories")
+    t.add_argument("--temperature", type=float, default=0.0, help="whose judgements: the temperature of `run` "
+                   "(default: %(default)s)")
+    t.add_argument("--baseline", default="peer", help="the arm the others are divided by (default: %(default)s)")
     args = parser.parse_args()
 
     if args.cmd == "data":
         print(json.dumps(build_corpus(args.corpus, args.out, args.conversations, args.seed)))
+    elif args.cmd == "resample":
+        print(json.dumps(resample_corpus(args.source, args.out, args.temperature, args.seed)))
     elif args.cmd == "run":
         names = args.arms.split(",")
         extra = dict(item.partition("=")[::2] for item in args.arm)
         for seed in [int(s) for s in args.seeds.split(",")]:
             for name in names:
                 run_dir = train_arm(args.corpus_dir, name, seed, extra, args.force)
-                result = measure(args.corpus_dir, run_dir, args.eval_prompts, args.eval_max_new_tokens, args.force)
+                result = measure(args.corpus_dir, run_dir, args.eval_prompts, args.eval_max_new_tokens, args.force,
+                                 args.temperature)
                 print(json.dumps({k: result[k] for k in ("arm", "seed", "tau", "wall_s", "flops", "steps")}), flush=True)
     else:
-        print(table(args.corpus_dirs))
+        print(table(args.corpus_dirs, args.baseline, args.temperature))
 
 
 if __name__ == "__main__":
