@@ -306,7 +306,8 @@ def judge(corpus: dict, run_dir: Path, num_prompts: int, max_new_tokens: int, te
 def judge_own(corpus: dict, run_dir: Path, num_prompts: int, max_new_tokens: int, temperature: float = 0.0) -> dict:
     """A drafter of another method than DFlash (DSpark), which the official dflash package cannot decode: its
     method's proposer in draftline's decoding (greedy, equal token for token to a one-token-at-a-time oracle:
-    tests/evaluate/test_dspark_decoding.py), on the same prompts, lengths and stop tokens as ``judge``."""
+    tests/evaluate/test_dspark_decoding.py; or rejection sampling at ``temperature``, seeded: on DFlash drafters it
+    gives the official judge's tau to the last digit), on the same prompts, lengths and stop tokens as ``judge``."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -411,7 +412,7 @@ def main() -> None:
     r.add_argument("--temperature", type=float, default=0.0, help="the judge's sampling temperature: 0 greedy; "
                    "above 0 rejection sampling, seeded, its results in result-tT.json beside the greedy ones "
                    "(default: %(default)s)")
-    t = sub.add_parser("table", help="print one table per corpus from its runs' result.json")
+    t = sub.add_parser("table", help="print one table per corpus from its runs' result.json (result-tT.json with --temperature)")
     t.add_argument("corpus_dirs", type=Path, nargs="+", help="corpus directories")
     t.add_argument("--temperature", type=float, default=0.0, help="whose judgements: the temperature of `run` "
                    "(default: %(default)s)")
