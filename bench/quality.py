@@ -365,7 +365,7 @@ def table(corpus_dirs: list[Path], baseline: str = "peer", temperature: float = 
         lines += [f"**{corpus['corpus']}** ({corpus['conversations']} conversations; "
                   f"{rows[next(iter(rows))][0]['num_prompts']} held-out prompts x "
                   f"{rows[next(iter(rows))][0]['max_new_tokens']} tokens)", "",
-                  "| arm | tau, per seed | mean | spread (max - min) | vs peer (per seed) | P(slot 1..3) | steps | TFLOP | (tau-1) per PFLOP | train s |",
+                  f"| arm | tau, per seed | mean | spread (max - min) | vs {baseline} (per seed) | P(slot 1..3) | steps | TFLOP | (tau-1) per PFLOP | train s |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for arm, rs in rows.items():
             rs.sort(key=lambda r: r["seed"])
