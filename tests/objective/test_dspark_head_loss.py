@@ -330,3 +330,27 @@ def test_compiled_chunks_on_cuda_equal_the_eager_loop(multiplier, softcap):
     bound = FUSED_BYTES_PER_LOGIT * chunk * vocab + returned
     print(f"compiled transient {compiled[6] / 2**30:.2f} GiB (eager {eager[6] / 2**30:.2f}), bound {bound / 2**30:.2f}")
     assert compiled[6] <= 1.1 * bound and compiled[6] < eager[6], (compiled[6], bound, eager[6])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_w2_gradient_is_summed_over_chunks_in_fp32_on_cuda():
+    """W2's gradient, summed over chunks by ``_add_product`` (cuBLAS's fp32 accumulator on CUDA), is nearer the exact
+    sum than products rounded to bf16 and then added, and stays in the tensor it was given."""
+    from draftline.objective.dspark_head_loss import _add_product
+
+    torch.manual_seed(2)
+    vocab, rank, rows, chunks = 4096, 256, 1024, 8
+    grads = [torch.randn(rows, vocab, device="cuda").bfloat16() for _ in range(chunks)]
+    latents = [torch.randn(rows, rank, device="cuda").bfloat16() for _ in range(chunks)]
+    exact = sum(g.double().t() @ lat.double() for g, lat in zip(grads, latents))
+    total = torch.zeros(vocab, rank, device="cuda")
+    rounded = torch.zeros_like(total)
+    pointer = total.data_ptr()
+    for g, lat in zip(grads, latents):
+        _add_product(total, g.t(), lat)
+        rounded += g.t() @ lat
+    assert total.data_ptr() == pointer and total.dtype == torch.float32
+    error = lambda t: ((t.double() - exact).norm() / exact.norm()).item()  # noqa: E731
+    print(f"relative error: fp32 sum {error(total):.2e}, bf16 products {error(rounded):.2e}")
+    assert error(total) < 1e-5 < error(rounded)

@@ -46,7 +46,7 @@ import functools
 
 import torch
 
-from draftline.objective.head_loss import compile_over_rows, scale_logits
+from draftline.objective.head_loss import compile_over_rows, row_logsumexp, scale_logits
 
 FUSED_BYTES_PER_LOGIT = 6
 """Bytes per row and vocabulary entry of one compiled chunk (CUDA), at most: the three bf16 buffers, the student's and
@@ -104,9 +104,9 @@ def chunk_stats(raw, bias, teacher_raw, labels, multiplier, softcap):
     """Stage 1, reductions over the vocabulary: (logsumexp z [R], logsumexp of each of ``teacher_raw``'s rows (its
     distinct rows: [U]; None without a teacher), CE [R], correct [R])."""
     z, _ = _student_logits(raw, bias, multiplier, softcap)
-    lse_z = torch.logsumexp(z, dim=-1)
+    lse_z = row_logsumexp(z)
     ce = lse_z - z.gather(1, labels[:, None]).squeeze(1)
-    lse_t = None if teacher_raw is None else torch.logsumexp(scale_logits(teacher_raw, multiplier, softcap)[0], dim=-1)
+    lse_t = None if teacher_raw is None else row_logsumexp(scale_logits(teacher_raw, multiplier, softcap)[0])
     return lse_z, lse_t, ce, z.argmax(dim=-1) == labels
 
 
@@ -209,6 +209,17 @@ def dspark_chunk_terms_into(raw, bias, teacher_raw, labels, row_weights, ce_weig
     return ce, l1, correct
 
 
+def _add_product(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``total += a @ b``, ``total`` in fp32 and the factors in the head's dtype. On CUDA with bf16 or fp16 factors,
+    cuBLAS adds the product into ``total`` in its fp32 accumulator (``addmm`` with ``out_dtype``): the product is
+    not rounded to the factors' dtype first and no separate addition reads ``total`` again. Elsewhere the product is
+    formed in the factors' dtype and added."""
+    if total.is_cuda and total.dtype == torch.float32 and a.dtype in (torch.bfloat16, torch.float16):
+        torch.addmm(total, a, b, out_dtype=torch.float32, out=total)
+    else:
+        total += a @ b
+
+
 @functools.cache
 def _compiled_stages():
     """The three stages compiled (CUDA only), once each: compiled apart, no stage can keep an fp32 [R, V] buffer
@@ -274,7 +285,7 @@ class _DSparkHeadLoss(torch.autograd.Function):
                 if need_grad:  # bias holds dz now, raw the gradient of the raw logits (one buffer when unscaled)
                     grad_z = raw if bias is None else bias
                     if need_w2:
-                        grad_w2 += grad_z.t() @ lat
+                        _add_product(grad_w2, grad_z.t(), lat)
                     if need_latent:
                         grad_latent[start:end] = (grad_z @ w2_mm).to(latent.dtype)
                     if need_h:
@@ -315,7 +326,7 @@ class _DSparkHeadLoss(torch.autograd.Function):
             del sign
             grad_mm = grad_z.to(mm)
             if need_w2:
-                grad_w2 += grad_mm.t() @ lat
+                _add_product(grad_w2, grad_mm.t(), lat)
             if need_latent:
                 grad_latent[start:end] = (grad_mm @ w2_mm).to(latent.dtype)
             if need_h:
