@@ -46,7 +46,7 @@ import functools
 
 import torch
 
-from draftline.objective.head_loss import compile_over_rows, row_logsumexp, scale_logits
+from draftline.objective.head_loss import compile_over_rows, scale_logits
 
 FUSED_BYTES_PER_LOGIT = 6
 """Bytes per row and vocabulary entry of one compiled chunk (CUDA), at most: the three bf16 buffers, the student's and
@@ -104,9 +104,9 @@ def chunk_stats(raw, bias, teacher_raw, labels, multiplier, softcap):
     """Stage 1, reductions over the vocabulary: (logsumexp z [R], logsumexp of each of ``teacher_raw``'s rows (its
     distinct rows: [U]; None without a teacher), CE [R], correct [R])."""
     z, _ = _student_logits(raw, bias, multiplier, softcap)
-    lse_z = row_logsumexp(z)
+    lse_z = torch.logsumexp(z, dim=-1)
     ce = lse_z - z.gather(1, labels[:, None]).squeeze(1)
-    lse_t = None if teacher_raw is None else row_logsumexp(scale_logits(teacher_raw, multiplier, softcap)[0])
+    lse_t = None if teacher_raw is None else torch.logsumexp(scale_logits(teacher_raw, multiplier, softcap)[0], dim=-1)
     return lse_z, lse_t, ce, z.argmax(dim=-1) == labels
 
 

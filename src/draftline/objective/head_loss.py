@@ -38,17 +38,6 @@ def scale_logits(raw: torch.Tensor, multiplier: float, softcap: float | None):
     return logits, tanh
 
 
-def row_logsumexp(logits: torch.Tensor) -> torch.Tensor:
-    """``torch.logsumexp(logits, dim=-1)``, written as Inductor's online-softmax pattern (the row's max kept as a
-    column, the sum of ``exp`` kept as a column too), so that a compiled kernel on CUDA takes the max and the sum in
-    one read of the row. ``torch.logsumexp``'s decomposition sums without keeping the column, which that pattern does
-    not match: its kernel reads each row twice, once for the max and once for the sum. Rows of finite logits only
-    (a row of ``-inf`` gives NaN here, where ``torch.logsumexp`` gives ``-inf``)."""
-    top = logits.amax(dim=-1, keepdim=True)
-    total = (logits - top).exp().sum(dim=-1, keepdim=True)
-    return (top + total.log()).squeeze(-1)
-
-
 def loss_and_grad_of_logits(raw, labels, row_weights, multiplier, softcap, teacher_raw, distill, need_grad):
     """One chunk's (loss sum, correct [R], d loss / d raw logits [R, V] or None, per-row cross-entropy [R]),
     without in-place ops.
@@ -60,7 +49,7 @@ def loss_and_grad_of_logits(raw, labels, row_weights, multiplier, softcap, teach
     """
     logits, tanh = scale_logits(raw, multiplier, softcap)
     w = row_weights.to(logits.dtype)
-    lse = row_logsumexp(logits)
+    lse = torch.logsumexp(logits, dim=-1)
     picked = logits.gather(1, labels[:, None]).squeeze(1)
     soft = None
     if teacher_raw is not None:
@@ -148,7 +137,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                 continue
             logits, tanh = _chunk_logits(hidden[start:end], weight, multiplier, softcap)
             w = row_weights[start:end].to(loss.dtype)
-            lse = row_logsumexp(logits)
+            lse = torch.logsumexp(logits, dim=-1)
             picked = logits.gather(1, label[:, None]).squeeze(1)
             soft = None
             if teacher is not None:
