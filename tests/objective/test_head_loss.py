@@ -142,6 +142,56 @@ def test_compiled_head_loss_on_cuda_equals_eager(distill, dpace):
     assert ((g1 - g0).norm() / g0.norm()) < 1e-2
 
 
+@pytest.mark.parametrize("backend", [None, "aot_eager"])
+def test_label_is_argmax_where_argmax_says_so_ties_and_infinities_included(backend):
+    """The hit test the compiled chunks take without ``argmax`` agrees with ``argmax(-1) == labels`` on every row:
+    logits of a few distinct values (ties in most rows, the label on the first, a later or no maximum), labels at
+    both ends of the vocabulary, rows of -inf and of +inf."""
+    from draftline.objective.head_loss import label_is_argmax
+
+    torch.manual_seed(11)
+    rows, vocab = 4000, 13
+    logits = torch.randint(-2, 3, (rows, vocab)).float()
+    labels = torch.randint(0, vocab, (rows,))
+    labels[:50], labels[50:100] = 0, vocab - 1
+    logits[100:110] = float("-inf")
+    logits[110:120, :3] = float("inf")
+    labels[100:120:2] = 0
+    top = logits.argmax(-1)
+    labels[120:600] = top[120:600]  # the label on the first maximum
+    ties = (logits == logits.amax(-1, keepdim=True)).sum(-1) > 1
+    test = label_is_argmax if backend is None else torch.compile(label_is_argmax, backend=backend)
+    hits = test(logits, labels)
+    assert torch.equal(hits, top == labels)
+    assert hits.any() and (~hits).any() and (ties & ~hits & (logits.gather(1, labels[:, None]).squeeze(1)
+                                                            == logits.amax(-1))).any()  # a tie lost to an earlier max
+    assert torch.equal(test(logits.bfloat16().float(), labels), top == labels)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [8, 256, 2048])
+def test_label_is_argmax_compiled_on_cuda_at_a_real_vocabulary(rows):
+    """Compiled by Inductor over bf16 logits of a 151,936 vocabulary (few rows: the reduction split across blocks),
+    the hit test still agrees with ``argmax``, on rows whose maximum is tied at two places."""
+    from draftline.objective.head_loss import compile_over_rows, label_is_argmax
+
+    torch.manual_seed(12)
+    vocab = 151936
+    logits = torch.randn(rows, vocab, device="cuda").bfloat16()
+    top = logits.float().argmax(-1)
+    second = (top + torch.randint(1, vocab, (rows,), device="cuda")) % vocab
+    tied = torch.arange(rows, device="cuda") % 2 == 0
+    logits[tied, second[tied]] = logits[tied, top[tied]]  # half the rows: the maximum at two places
+    labels = torch.where(torch.arange(rows, device="cuda") % 4 < 2, torch.maximum(top, second), top)
+    labels[1::8] = torch.randint(0, vocab, (len(labels[1::8]),), device="cuda")
+    test = compile_over_rows(lambda z, y: label_is_argmax(z.float(), y))
+    hits = test(logits, labels)
+    expected = logits.float().argmax(-1) == labels
+    assert torch.equal(hits, expected)
+    assert hits.any() and (~hits).any()
+
+
 @pytest.mark.parametrize("distill", [0.0, 0.5])
 @pytest.mark.parametrize("multiplier,softcap", [(1.0, None), (0.5, 3.0)])
 @pytest.mark.parametrize("backend", [None, "aot_eager"])

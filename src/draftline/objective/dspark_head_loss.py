@@ -46,7 +46,7 @@ import functools
 
 import torch
 
-from draftline.objective.head_loss import compile_over_rows, scale_logits
+from draftline.objective.head_loss import compile_over_rows, label_is_argmax, scale_logits
 
 FUSED_BYTES_PER_LOGIT = 6
 """Bytes per row and vocabulary entry of one compiled chunk (CUDA), at most: the three bf16 buffers, the student's and
@@ -107,7 +107,7 @@ def chunk_stats(raw, bias, teacher_raw, labels, multiplier, softcap):
     lse_z = torch.logsumexp(z, dim=-1)
     ce = lse_z - z.gather(1, labels[:, None]).squeeze(1)
     lse_t = None if teacher_raw is None else torch.logsumexp(scale_logits(teacher_raw, multiplier, softcap)[0], dim=-1)
-    return lse_z, lse_t, ce, z.argmax(dim=-1) == labels
+    return lse_z, lse_t, ce, label_is_argmax(z, labels)
 
 
 def _q_and_difference(z, t, lse_z, lse_t):
