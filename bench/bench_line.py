@@ -64,6 +64,14 @@ from draftline.sizing.preflight import suggested_flags
 from draftline.sizing.flops import TargetShape, resolve_peak, target_flops
 from draftline.pipeline.transport import Delivery
 
+_START = time.perf_counter()
+
+
+def say(workload: str, text: str) -> None:
+    """A progress line on stderr, with the seconds since the script started: a run cut short by a time limit
+    still tells how far each workload got (the table is printed only when a workload ends)."""
+    print(f"[{time.perf_counter() - _START:6.0f} s] {workload}: {text}", file=sys.stderr, flush=True)
+
 
 def bench_target(args, device, dtype, peak, rows):
     from draftline.model import linear_attention
@@ -71,6 +79,7 @@ def bench_target(args, device, dtype, peak, rows):
 
     hybrid = linear_attention.is_hybrid(target_config(args.shape))
     model = random_target(args.shape, device, dtype, default_attention(device, hybrid))
+    say("target", f"{args.shape} built")
     layers = model.config.num_hidden_layers
     drafter_cfg = build_drafter_config(model.config, num_hidden_layers=5, block_size=16)
     ids = drafter_cfg.dflash_config["target_layer_ids"]
@@ -89,6 +98,7 @@ def bench_target(args, device, dtype, peak, rows):
             target(b)
         sync(device)
         warm_s = time.perf_counter() - t0
+        say("target", f"{variant}: warmed up in {warm_s:.0f} s; timing {len(batches) - 2} batches")
         reset_peak(device)
         times, flops, tokens, samples = [], 0.0, 0, 0
         with ClockWatch(device) as clock:
@@ -110,6 +120,7 @@ def bench_target(args, device, dtype, peak, rows):
 
 
 def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
+    say(name, "building the drafter")
     vocab, hidden = cfg.vocab_size, cfg.hidden_size
     width = len(cfg.dflash_config["target_layer_ids"]) * hidden
     embed = (torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02)
@@ -121,9 +132,11 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
     def delivery(b):  # one batch's features at a time, made outside the timed window
         return Delivery(b.index, torch.randn(b.num_tokens, width, device=device, dtype=dtype), b)
 
-    for b in batches[:2]:  # warm up (compilation)
+    for i, b in enumerate(batches[:2]):  # warm up (compilation)
+        say(name, f"warm-up step {i + 1} of 2 ({b.num_tokens} tokens)")
         train_step(worker, delivery(b))
     sync(device)
+    say(name, f"warmed up; timing {len(batches) - 2} steps")
     reset_peak(device)
     flops_before = worker.counters.flops
     tokens, samples = 0, 0
