@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,20 @@ def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
 def run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "draftline", "train", *args], env=ENV, capture_output=True,
                           text=True, timeout=timeout)
+
+
+@contextmanager
+def one_thread():
+    """torch on one thread in this process, as on each rank of a launched run (OMP_NUM_THREADS=1 in ENV): a run
+    in this process saves a process's imports (~4 s) and computes as a rank does."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -9,6 +9,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+RANK_PRELOAD = ["torch", "torch.distributed", "torch.distributed.fsdp", "transformers", "draftline.model.target",
+                "draftline.distributed.shard", "draftline.distributed.target_group"]
+"""What every test's CPU ranks import, imported once by the fork server they are forked from."""
+
+
+def start_ranks(fn, args: tuple, nprocs: int) -> None:
+    """Runs ``fn(rank, *args)`` on ``nprocs`` processes and waits for them. The ranks are forked from a server
+    process that imported torch and transformers once (it stays for the session): a spawned rank imported them
+    itself, ~4 s of CPU each, and 5 ranks on two cores took ~10 s to start. The server is a fresh process, not
+    this one: a fork of a process whose OpenMP threads ran is not safe."""
+    mp.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")
+
 
 def _held(layers: torch.nn.Module, only: str = "") -> float:
     """The fraction of the decoder layers' weights this rank holds (``only``: of the weights whose names hold it)."""
@@ -62,7 +75,6 @@ def group_features(tmp_path: Path, world: int, groups: list[list[int]], cases: d
     tensor, "plain": whether both are plain tensors (no DTensor)}}."""
     out = tmp_path / "features"
     out.mkdir()
-    mp.start_processes(_group_features, args=(world, str(tmp_path / "store"), groups, cases, batch, str(out), device_type),
-                       nprocs=world, join=True, start_method="spawn")
+    start_ranks(_group_features, (world, str(tmp_path / "store"), groups, cases, batch, str(out), device_type), world)
     ranks = [rank for group in groups for rank in group]
     return {name: {rank: torch.load(out / f"{name}.{rank}.pt") for rank in ranks} for name in cases}

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from draftline.data.batch import PackedBatch
 from helpers import make_dspark_drafter, tiny_target_config
+from parallel_helpers import start_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -83,8 +83,7 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
 
 def test_the_heads_are_units_of_their_own_and_two_ranks_give_one_process_gradients(tmp_path):
     world = 2
-    mp.start_processes(_rank, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world, join=True,
-                       start_method="spawn")
+    start_ranks(_rank, (world, str(tmp_path / "store"), str(tmp_path)), world)
     results = [torch.load(tmp_path / f"{rank}.pt") for rank in range(world)]
 
     drafter = make_dspark_drafter(tiny_target_config(), markov_rank=8, markov_head_type="gated", std=0.2)

@@ -10,7 +10,8 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from parallel_helpers import start_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -43,8 +44,7 @@ def _rank(rank: int, world: int, store: str, out: str) -> None:
 
 
 def test_target_groups_agree_on_each_batch_and_on_the_largest_peak(tmp_path):
-    mp.start_processes(_rank, args=(5, str(tmp_path / "store"), str(tmp_path)), nprocs=5, join=True,
-                       start_method="spawn")
+    start_ranks(_rank, (5, str(tmp_path / "store"), str(tmp_path)), 5)
     results = [torch.load(tmp_path / f"{rank}.pt") for rank in range(5)]
     assert [r["group"] for r in results] == [None, (0, [1, 2], 0), (0, [1, 2], 1), (1, [3, 4], 0), (1, [3, 4], 1)]
     assert [r.get("peak") for r in results[1:]] == [2.0, 2.0, 4.0, 4.0]

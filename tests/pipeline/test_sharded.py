@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from draftline.checkpoint.state import latest_checkpoint
 from draftline.cli import main
-from line_helpers import base_args, read_jsonl, run, start, step_losses, wait_until
+from line_helpers import base_args, one_thread, read_jsonl, run, start, step_losses, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -49,10 +49,10 @@ def _weights_close(a, b) -> None:
 
 @pytest.fixture(scope="module")
 def one_process(qwen3_target, line_data, tmp_path_factory):
-    """One drafter, six batches per optimizer step."""
+    """One drafter, six batches per optimizer step (in this process)."""
     out = tmp_path_factory.mktemp("one") / "run"
-    done = run(_args(qwen3_target, line_data, out, grad_accum=6))
-    assert done.returncode == 0, done.stderr[-3000:]
+    with one_thread():
+        assert main(["train", *_args(qwen3_target, line_data, out, grad_accum=6)]) == 0
     return out
 
 
@@ -92,7 +92,8 @@ def test_replicated_drafters_give_the_losses_and_weights_of_one_process_and_stay
 
 @pytest.mark.parametrize("states", [("replicate", None), ("shard", "replicate")])
 def test_stopped_on_two_drafters_resumed_elsewhere_ends_like_the_run_that_never_stopped(one_process, qwen3_target,
-                                                                                        line_data, tmp_path, states):
+                                                                                        line_data, tmp_path, capsys,
+                                                                                        states):
     """Stopped on two drafters, replicated or sharded; resumed on one drafter, or on two holding their state the
     other way: the checkpoint's state loads whatever the drafters and their state."""
     stopped_state, resumed_state = states
@@ -117,14 +118,16 @@ def test_stopped_on_two_drafters_resumed_elsewhere_ends_like_the_run_that_never_
     reference = step_losses(one_process)
     assert 2 <= stopped_at < len(reference)
 
-    again = [*_args(qwen3_target, line_data, out, grad_accum=3, save_every=1000), "--resume"]  # one drafter
-    if resumed_state is not None:
-        again += ["--gpus", "2", "--colocated", "--drafter-state", resumed_state]
-    resumed = run(again)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    if resumed_state is None:
-        assert "written by 2 drafter(s), resumed on 1: a step keeps its 6 batch(es), 6 per drafter" in resumed.stdout
+    again = [*_args(qwen3_target, line_data, out, grad_accum=3, save_every=1000), "--resume"]
+    if resumed_state is None:  # one drafter, in this process
+        capsys.readouterr()
+        with one_thread():
+            assert main(["train", *again]) == 0
+        printed = capsys.readouterr().out
+        assert "written by 2 drafter(s), resumed on 1: a step keeps its 6 batch(es), 6 per drafter" in printed
     else:
+        resumed = run([*again, "--gpus", "2", "--colocated", "--drafter-state", resumed_state])
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert "replicated on the 2 drafters" in resumed.stdout
     _close(reference, step_losses(out))
     _weights_close(_weights(latest_checkpoint(one_process)), _weights(latest_checkpoint(out)))
