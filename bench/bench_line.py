@@ -139,7 +139,7 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
     say(name, f"warmed up; timing {len(batches) - 2} steps")
     reset_peak(device)
     flops_before = worker.counters.flops
-    tokens, samples = 0, 0
+    tokens, samples, step_flops = 0, 0, []
     # As the drafter role runs: no host sync between steps but the worker's own (one per step: the
     # record of the step before, read after this step's batches were queued), so the host prepares a
     # batch while the GPU still works on the last one. A step's time
@@ -161,7 +161,9 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
         for b in batches[2:]:
             d = delivery(b)
             starts.append(ends[-1] if pipelined else mark())  # synced: making the features is left out
+            counted = worker.counters.flops
             train_step(worker, d)
+            step_flops.append(worker.counters.flops - counted)
             ends.append(mark())
             tokens += d.batch.num_tokens
             samples += d.batch.num_docs
@@ -174,10 +176,17 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
     per_sample = statistics.median(t / b.num_docs for t, b in zip(times, batches[2:]))
     kernel = args.attention if args.attention != "auto" else auto_backend(device, cfg)
     steps = ", ".join(f"{1e3 * t:.0f}" for t in times)
-    rows.append(row(name, "drafter", tokens / wall, samples / wall, flops / wall, peak, peak_gib(device),
-                    extra=f"{1000 * wall / samples:.0f} ms/sample (median {1000 * per_sample:.0f}); attention {kernel}; "
-                          f"steps ms {steps}; {clock.summary.text()}",
-                    reserved=reserved_gib(device), clock=clock.summary, step_s=times))
+    # Each step's MFU of the spec peak: a step that compiled again (a new shape) stands out from the steady ones.
+    step_mfu = [f / t / SPEC["flops"] for f, t in zip(step_flops, times)]
+    mfus = ", ".join(f"{100 * m:.1f}" for m in step_mfu)
+    record = row(name, "drafter", tokens / wall, samples / wall, flops / wall, peak, peak_gib(device),
+                 extra=f"{1000 * wall / samples:.0f} ms/sample (median {1000 * per_sample:.0f}); attention {kernel}; "
+                       f"steps ms {steps}; steps' MFU % {mfus} (median {100 * statistics.median(step_mfu):.1f}); "
+                       f"{clock.summary.text()}",
+                 reserved=reserved_gib(device), clock=clock.summary, step_s=times)
+    record["step_tflop"] = [round(f / 1e12, 3) for f in step_flops]
+    record["step_mfu_spec"] = [round(m, 4) for m in step_mfu]
+    rows.append(record)
     del worker, embed, head
 
 
