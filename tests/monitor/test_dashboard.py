@@ -43,6 +43,13 @@ def test_plain_mode_prints_one_line_per_update(busy_status):
     assert status_line(busy_status) == lines[1]
 
 
+def test_a_window_that_compiled_says_so_and_one_that_did_not_is_silent(busy_status):
+    assert "compiled" not in status_line(busy_status) and "compiled" not in _text(render_panel(busy_status))
+    compiling = dataclasses.replace(busy_status, compile_s=95.0, compiling_s=22.4)
+    assert "| compiled 22 s | ETA 1h02m" in status_line(compiling)
+    assert "compiled 22 s since the last status" in _text(render_panel(compiling))
+
+
 def test_live_mode_on_a_terminal(busy_status):
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=160)

@@ -86,3 +86,23 @@ def test_epochs_trained_count_whole_epochs_at_the_end():
         status = monitor.snapshot()
         done[step] = (status.epoch, status.epochs_done)
     assert done == {0: (0, 0.0), 1: (0, 0.4), 2: (0, 0.8), 3: (1, 1.2), 5: (1, 2.0)}
+
+
+def test_compile_time_is_summed_over_ranks_once_per_process_and_the_window_shows_what_is_new():
+    """A colocated rank publishes its process's compile seconds as target and as drafter: counted once. Compiling
+    before the monitor starts (preflight) is in the total, not in the first window."""
+    stats = {0: {"target": {"flops": 0.0, "batches": 0, "compile_s": 30.0}, "drafter": {"wait_s": 0.0, "compile_s": 30.0}},
+             1: {"target": {"flops": 0.0, "batches": 0, "compile_s": 12.0}, "drafter": {"wait_s": 0.0, "compile_s": 12.0}}}
+    monitor = _monitor(stats, schedule=_real_schedule(1), peak=PeakFlops(1e15, "test"))
+    monitor.start()
+    try:
+        first = monitor.snapshot()
+        assert (first.compile_s, first.compiling_s) == (42.0, 0.0)
+        stats[1]["drafter"]["compile_s"] = stats[1]["target"]["compile_s"] = 32.0  # rank 1 compiled a new shape
+        second = monitor.snapshot()
+        assert (second.compile_s, second.compiling_s) == (62.0, 20.0)
+        assert second.to_record()["compiling_s"] == 20.0
+        third = monitor.snapshot()
+        assert (third.compile_s, third.compiling_s) == (62.0, 0.0)
+    finally:
+        monitor._stop.set()

@@ -14,7 +14,7 @@ TRAIN_FIELDS = {
     "kind", "time", "elapsed_s", "step", "total_steps", "epoch", "samples", "tokens", "loss", "accuracy",
     "accuracy_by_position", "tau", "tau_step", "tf_acceptance", "lr", "grad_norm", "skipped_steps", "ktok_s", "samples_s",
     "tflops", "mfu", "mfu_ceiling", "q_pre", "q_hs", "q_hs_capacity", "target_wait", "drafter_wait", "target_batches_s", "drafter_batches_s",
-    "eta_s", "gpus", "num_epochs", "epochs_done", "layout",
+    "eta_s", "compile_s", "compiling_s", "gpus", "num_epochs", "epochs_done", "layout",
 }
 
 

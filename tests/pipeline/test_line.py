@@ -95,6 +95,8 @@ def test_separate_ranks_match_the_single_process(colocated, qwen3_target, line_d
     train = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
     capacity = 8 * (3 if layout == ["--colocated"] else 1)
     assert train and all(r["q_hs_capacity"] == capacity and 0 <= r["q_hs"] <= capacity for r in train)
+    # Nothing compiles while a CPU line trains: no window says it compiled, and the count does not move.
+    assert all(r["compiling_s"] == 0.0 for r in train) and len({r["compile_s"] for r in train}) == 1
     if drafters > 1:  # every drafter trains its share of every step: they compute in parallel
         steps = [{r["step"] for r in records} for records in traces.values()]
         last = max(max(s) for s in steps)

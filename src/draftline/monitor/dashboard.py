@@ -139,6 +139,9 @@ def render_panel(status: LineStatus) -> Panel:
                        *([_mfu(status)] if _quotes_mfu(status) else []),
                        f"{status.samples:,} samples, {status.tokens / 1e6:,.1f}M tokens")
     peak = Text(status.peak.describe() if status.peak is not None else "peak n/a: MFU unknown", style="dim")
+    if status.compiling_s >= 0.5:
+        peak.append(f"\ncompiled {status.compiling_s:.0f} s since the last status (a new shape): the rates include it",
+                    style="yellow")
 
     queues = Table.grid(padding=(0, 2))
     queues.add_column(style="bold")
@@ -207,9 +210,14 @@ def status_line(status: LineStatus) -> str:
         f"loss {_num(status.loss, '.4f')} acc {_num(status.accuracy, '.3f')} "
         f"{_tau(status)} tf-acc {_num(status.tf_acceptance, '.2f')} lr {_num(status.lr, '.2e')} "
         f"grad {_num(status.grad_norm, '.3f')} skipped {status.skipped_steps} | "
-        f"acc% {_acc_row(status) or 'n/a'} | {f'GPUs {gpus} | ' if gpus else ''}ETA {format_duration(status.eta_s)} | "
-        f"{balance_advice(status)}"
+        f"acc% {_acc_row(status) or 'n/a'} | {f'GPUs {gpus} | ' if gpus else ''}{_compiling(status)}"
+        f"ETA {format_duration(status.eta_s)} | {balance_advice(status)}"
     )
+
+
+def _compiling(status: LineStatus) -> str:
+    """'compiled N s | ' when the line compiled since the status before (its rates then include the compilation)."""
+    return f"compiled {status.compiling_s:.0f} s | " if status.compiling_s >= 0.5 else ""
 
 
 class Dashboard:

@@ -16,6 +16,7 @@ import torch
 
 from draftline import run_files
 from draftline.distributed.health import Health
+from draftline.monitor.compiles import compile_seconds
 from draftline.monitor.dashboard import Dashboard
 from draftline.monitor.gpu import GpuStats
 from draftline.monitor.gpu import device_stats
@@ -27,7 +28,8 @@ from draftline.sizing.peak import PeakFlops, mfu
 def publish_drafter(health: Health, worker) -> None:
     """This drafter's counters and device figures, for the monitor on the first drafter (through the heartbeat)."""
     c = worker.counters
-    health.stats.update("drafter", {"step": worker.step, "batches": c.batches, "wait_s": c.wait_s, "busy_s": c.busy_s})
+    health.stats.update("drafter", {"step": worker.step, "batches": c.batches, "wait_s": c.wait_s, "busy_s": c.busy_s,
+                                    "compile_s": compile_seconds()})
     health.stats.update("gpu", {**device_stats(worker.device).to_record(), "rank": health.info.rank,
                                 "role": health.info.role})
 
@@ -130,6 +132,7 @@ class LineMonitor:
         self.drafter_wait = RateMeter(window_s)
         self._last_target = {"flops": 0.0, "batches": 0.0, "wait": 0.0}
         self._last_drafter_wait = 0.0
+        self._last_compile = 0.0
         self.progress = progress
         self.lr = float("nan")
         self.grad_norm = float("nan")
@@ -180,6 +183,14 @@ class LineMonitor:
                 stats["gpu"].setdefault("rank", rank)
         return targets, drafters
 
+    def _compile_seconds(self) -> float:
+        """Seconds compiling, summed over the ranks (a colocated rank publishes its process's figure twice: once)."""
+        total = 0.0
+        for stats in self.health.peer_stats().values():
+            roles = [(stats or {}).get(role) or {} for role in ("target", "drafter")]
+            total += max(role.get("compile_s", 0.0) for role in roles)
+        return total
+
     def _epochs(self, step: int) -> tuple[int, float]:
         """(the epoch being trained, 0-based; epochs trained so far, fractions included) after ``step``."""
         total = self.schedule.total_batches
@@ -200,6 +211,8 @@ class LineMonitor:
         drafter_wait = sum(d.get("wait_s", 0.0) for d in drafters)
         self.drafter_wait.add(drafter_wait - self._last_drafter_wait)
         self._last_drafter_wait = drafter_wait
+        compile_s = self._compile_seconds()
+        compiling_s, self._last_compile = max(0.0, compile_s - self._last_compile), compile_s
         with self._lock:
             vector = self._interval_vector.clone()
             self._interval_vector.zero_()
@@ -243,6 +256,8 @@ class LineMonitor:
             target_batches_s=self.target_batches.rate(),
             drafter_batches_s=self.drafter_batches.rate(),
             eta_s=eta_seconds(step, self.total_steps, steps_rate, ends_at=self.ends_at),
+            compile_s=compile_s,
+            compiling_s=compiling_s,
             gpus=gpus,
             num_targets=len(targets) or None,
             num_drafters=len(drafters) or None,
@@ -279,6 +294,7 @@ class LineMonitor:
         targets, drafters = self._peers()
         self._last_target = _target_totals(targets)
         self._last_drafter_wait = sum(d.get("wait_s", 0.0) for d in drafters)
+        self._last_compile = self._compile_seconds()  # preflight's compilations are not the first window's
 
         def loop():
             said = None

@@ -83,6 +83,12 @@ class LineStatus:
     """Batches per second consumed by all drafters."""
     eta_s: float | None = None
     """Seconds to the last step at the recent rate."""
+    compile_s: float = 0.0
+    """Seconds the line's processes have spent compiling (``torch.compile``) since they started, summed over the
+    ranks; preflight's warm-up included."""
+    compiling_s: float = 0.0
+    """Of ``compile_s``, the seconds since the status before: a window whose rates fell while this is high was
+    compiling for a new shape, not running slowly."""
     gpus: list[GpuStats] = field(default_factory=list)
     """Memory and utilisation of each GPU of the line (none for CPU ranks)."""
     num_targets: int | None = None
@@ -154,6 +160,8 @@ class LineStatus:
             "target_batches_s": self.target_batches_s,
             "drafter_batches_s": self.drafter_batches_s,
             "eta_s": self.eta_s,
+            "compile_s": self.compile_s,
+            "compiling_s": self.compiling_s,
             "gpus": [gpu.to_record() for gpu in self.gpus],
             "layout": {"targets": self.num_targets, "drafters": self.num_drafters, "colocated": self.colocated},
             **self.extras,

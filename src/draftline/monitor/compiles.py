@@ -1,0 +1,50 @@
+"""The time this process has spent compiling (``torch.compile``): dynamo's tracing, Inductor's code generation and
+kernels built on the way (FlashAttention-4's among them), a backward compiled at its first use.
+
+A compiled drafter meets a new shape now and then (a batch with more documents, a pass of another size) and
+compiles again for it: a step of 20 s where its neighbours took 2. Counted here, the monitor shows it beside the
+rates it slowed (``LineStatus.compile_s``), so a slow window is not mistaken for a slow line.
+
+Counted from dynamo's compile callbacks, which run when the process's first compilation starts and its last
+pending one ends (nested ones are not counted twice). ``install`` before the first compilation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+_lock = threading.Lock()
+_state = {"installed": False, "total": 0.0, "since": None}
+
+
+def _started(_args=None) -> None:
+    with _lock:
+        if _state["since"] is None:
+            _state["since"] = time.perf_counter()
+
+
+def _ended(_args=None) -> None:
+    with _lock:
+        if _state["since"] is not None:
+            _state["total"] += time.perf_counter() - _state["since"]
+            _state["since"] = None
+
+
+def install() -> None:
+    """Start counting (once per process; later calls do nothing)."""
+    with _lock:
+        if _state["installed"]:
+            return
+        _state["installed"] = True
+    from torch._dynamo.callback import on_compile_end, on_compile_start
+
+    on_compile_start(_started)
+    on_compile_end(_ended)
+
+
+def compile_seconds() -> float:
+    """Seconds spent compiling since ``install``, a compilation under way included."""
+    with _lock:
+        since = _state["since"]
+        return _state["total"] + (time.perf_counter() - since if since is not None else 0.0)
