@@ -44,3 +44,13 @@ def test_a_compilation_under_way_is_counted_to_now():
     done = compiles.compile_seconds()
     time.sleep(0.01)
     assert compiles.compile_seconds() == done
+
+
+def test_a_torch_without_compile_callbacks_leaves_the_figure_unknown(monkeypatch):
+    import math
+    import sys
+
+    monkeypatch.setattr(compiles, "_state", {"installed": False, "total": 0.0, "since": None})
+    monkeypatch.setitem(sys.modules, "torch._dynamo.callback", None)  # its import fails
+    compiles.install()
+    assert math.isnan(compiles.compile_seconds())

@@ -37,14 +37,19 @@ def install() -> None:
         if _state["installed"]:
             return
         _state["installed"] = True
-    from torch._dynamo.callback import on_compile_end, on_compile_start
-
+    try:  # dynamo's callbacks are not public API: a torch without them leaves the figure unknown, not the run down
+        from torch._dynamo.callback import on_compile_end, on_compile_start
+    except ImportError:
+        with _lock:
+            _state["total"] = float("nan")
+        return
     on_compile_start(_started)
     on_compile_end(_ended)
 
 
 def compile_seconds() -> float:
-    """Seconds spent compiling since ``install``, a compilation under way included."""
+    """Seconds spent compiling since ``install``, a compilation under way included (NaN where this torch has no
+    compile callbacks)."""
     with _lock:
         since = _state["since"]
         return _state["total"] + (time.perf_counter() - since if since is not None else 0.0)
