@@ -17,7 +17,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "draftline"
 
 LAYERS: list[set[str]] = [
-    {"__init__", "errors", "cores", "files", "run_files", "config", "config_options", "config_io", "config_flags", "config_docs"},
+    {"__init__", "errors", "cores", "compile_clock", "files", "run_files", "config", "config_options", "config_io", "config_flags", "config_docs"},
     {"data"},
     {"model"},
     {"objective"},

@@ -29,7 +29,7 @@ from draftline.distributed.signals import StopSignals
 from draftline.distributed.target_group import TargetGroup
 from draftline.evaluate.during_training import InTrainingEvaluation
 from draftline.model.target import TargetFeatures
-from draftline.monitor import compiles
+from draftline import compile_clock
 from draftline.monitor.dashboard import Dashboard
 from draftline.monitor.gpu import device_stats
 from draftline.monitor.live import DrafterPublisher, LineMonitor, write_trace
@@ -74,7 +74,7 @@ class Line:
     # ------------------------------------------------------------------ the run
     def run(self) -> str:
         spec, role = self.spec, self.spec.role
-        compiles.install()  # before the first compilation: the monitor shows the time steps spend compiling
+        compile_clock.install()  # before the first compilation: the monitor shows the time steps spend compiling
         self._write_rank_info()
         if role.is_logging:
             self._print_plan()
@@ -254,7 +254,7 @@ class Line:
             "wait_data_s": c.wait_data_s, "wait_drafters_s": c.wait_drafters_s,
             "q_pre": worker.prefetcher.depth(), "q_hs": sender.depth(),
             "bytes_sent": getattr(sender, "bytes_sent", 0), "send_s": getattr(sender, "send_seconds", 0.0),
-            "compile_s": compiles.compile_seconds()}
+            "compile_s": compile_clock.compile_seconds()}
         k = self.spec.role.target_parallel
         if k > 1:
             # Every rank of a target group computes each of the group's batches, doing 1/K of its work: each counts

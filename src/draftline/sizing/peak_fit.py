@@ -10,13 +10,13 @@ refusal. The fit also answers the largest sizes that fit a limit (``LinearPeak.l
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
+from draftline.compile_clock import Took
 from draftline.distributed.memory import gib
 
 CHECK_TOLERANCE = (0.25 * 2**30, 0.02)
@@ -117,7 +117,7 @@ def fit_and_check(measured: dict, role: str, run, points_at: list[tuple[int, int
     ``run(tokens, rows, quiet)`` returns the peak (None: out of memory, then ``refuse_oom()`` raises).
     Returns the fit (over every measured point), the check (None without one) and the points; ``say`` tells
     what was measured; ``warmed()`` is called after the warm-up (the kernels loaded, the workspaces made)."""
-    t0 = time.perf_counter()
+    took = Took()
     before = float(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0.0
     warm = run(*points_at[0], quiet=True)
     if warm is None:
@@ -126,7 +126,7 @@ def fit_and_check(measured: dict, role: str, run, points_at: list[tuple[int, int
     measured.update(warmup_peak=warm, warmup_kept=kept, points=[], check=None, fit=None, verified=None)
     say(f"{role}: warm-up pass at {points_at[0][0]:,} tokens, not measured for the fit: peak {gib(warm)}, "
          f"{kept / 2**20:,.0f} MiB kept allocated after it (one-time: kernels, workspaces, optimizer state) "
-         f"({time.perf_counter() - t0:.1f} s)")
+         f"{took}")
     if warmed is not None:
         warmed()
     points = []

@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from draftline import run_files
+from draftline.compile_clock import Took
 from draftline.distributed.memory import MemoryLimit, find_out_of_memory, gib, memory_limit
 from draftline.distributed.shard import local_tensor, replicates
 from draftline.errors import DraftlineError
@@ -120,13 +121,12 @@ def preflight_target(spec, target, who: str, group=None) -> PreflightResult:
             target(worst_case_batch(tokens, vocab))
             del queued
 
-        t0 = time.perf_counter()
+        took = Took()
         peak = _measure(device, body)
         if group is not None:
             peak = group.agree_peak(peak)
         if not quiet:
-            _say(f"target at {tokens:,} tokens: {'out of memory' if peak is None else gib(peak)} "
-                 f"({time.perf_counter() - t0:.1f} s)")
+            _say(f"target at {tokens:,} tokens: {'out of memory' if peak is None else gib(peak)} {took}")
         return peak
 
     sizes = measured_sizes(budget, SMALL_TOKENS, 256)
@@ -241,7 +241,7 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
             optimizer.zero_grad(set_to_none=True)
             del queued, features
 
-        t0 = time.perf_counter()
+        took = Took()
         peak = _measure(device, body)
         if peak is not None and extra is not None:
             peak += max(extra(tokens), 0.0)
@@ -249,7 +249,7 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
             return peak
         _say(f"drafter at {tokens:,} tokens x {anchors_n * block:,} query rows: "
              f"{'out of memory' if peak is None else gib(peak)}{' incl. the target' if colocated else ''} "
-             f"({time.perf_counter() - t0:.1f} s)")
+             f"{took}")
         return peak
 
     def warmed():  # what lies outside the allocator grew with the kernels loaded: the card's cap follows it

@@ -53,3 +53,17 @@ def compile_seconds() -> float:
     with _lock:
         since = _state["since"]
         return _state["total"] + (time.perf_counter() - since if since is not None else 0.0)
+
+
+class Took:
+    """The wall time since it was made, with the compiling in it: ``str`` gives "(12.3 s)", or
+    "(153.2 s, 148.0 of it compiling)" when this process compiled meanwhile (``install`` first)."""
+
+    def __init__(self):
+        self.started = time.perf_counter()
+        self.compiled = compile_seconds()
+
+    def __str__(self) -> str:
+        wall = time.perf_counter() - self.started
+        compiling = compile_seconds() - self.compiled
+        return f"({wall:.1f} s, {compiling:.1f} of it compiling)" if compiling >= 0.05 else f"({wall:.1f} s)"
