@@ -50,7 +50,7 @@ def test_a_torch_without_compile_callbacks_leaves_the_figure_unknown(monkeypatch
     import math
     import sys
 
-    monkeypatch.setattr(compile_clock, "_state", {"installed": False, "total": 0.0, "since": None})
+    monkeypatch.setattr(compile_clock, "_state", {"installed": False, "unavailable": False, "total": 0.0, "since": None})
     monkeypatch.setitem(sys.modules, "torch._dynamo.callback", None)  # its import fails
     compile_clock.install()
     assert math.isnan(compile_clock.compile_seconds())
@@ -62,8 +62,19 @@ def test_took_names_the_compiling_in_a_wall_time_only_when_there_was_some():
     compile_clock.install()
     took = compile_clock.Took()
     assert re.fullmatch(r"\(\d+\.\d s\)", str(took))
-    compiled = torch.compile(lambda x: torch.cos(x) + 3, backend="aot_eager", dynamic=False)
     took = compile_clock.Took()
-    compiled(torch.ones(3))
+    compile_clock._started()  # a compilation of 0.1 s, as dynamo's callbacks mark one
+    time.sleep(0.1)
+    compile_clock._ended()
     match = re.fullmatch(r"\((\d+\.\d) s, (\d+\.\d) of it compiling\)", str(took))
-    assert match and 0 < float(match[2]) <= float(match[1]) + 0.05
+    assert match and 0.1 <= float(match[2]) <= float(match[1]) + 0.05
+
+
+def test_counting_goes_on_after_dynamo_is_reset():
+    """``torch._dynamo.reset()`` (tests, benches) drops dynamo's callbacks: the next reading installs them again."""
+    compile_clock.install()
+    torch._dynamo.reset()
+    before = compile_clock.compile_seconds()
+    compiled = torch.compile(lambda x: torch.tan(x) - 1, backend="aot_eager", dynamic=False)
+    compiled(torch.ones(4))
+    assert compile_clock.compile_seconds() > before

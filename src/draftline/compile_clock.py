@@ -15,7 +15,7 @@ import threading
 import time
 
 _lock = threading.Lock()
-_state = {"installed": False, "total": 0.0, "since": None}
+_state = {"installed": False, "unavailable": False, "total": 0.0, "since": None}
 
 
 def _started(_args=None) -> None:
@@ -32,24 +32,30 @@ def _ended(_args=None) -> None:
 
 
 def install() -> None:
-    """Start counting (once per process; later calls do nothing)."""
-    with _lock:
-        if _state["installed"]:
-            return
-        _state["installed"] = True
+    """Start counting; later calls do nothing while the count runs. ``torch._dynamo.reset()`` drops dynamo's
+    callbacks, these among them: ``compile_seconds`` installs them again (what compiled in between is not counted)."""
+    if _state["unavailable"]:
+        return
     try:  # dynamo's callbacks are not public API: a torch without them leaves the figure unknown, not the run down
-        from torch._dynamo.callback import on_compile_end, on_compile_start
+        from torch._dynamo.callback import callback_handler, on_compile_end, on_compile_start
     except ImportError:
         with _lock:
-            _state["total"] = float("nan")
+            _state["unavailable"], _state["total"] = True, float("nan")
         return
+    with _lock:
+        _state["installed"] = True
+        if _started in callback_handler.start_callbacks:
+            return
+        _state["since"] = None  # a compilation that a reset cut off is over
     on_compile_start(_started)
     on_compile_end(_ended)
 
 
 def compile_seconds() -> float:
     """Seconds spent compiling since ``install``, a compilation under way included (NaN where this torch has no
-    compile callbacks)."""
+    compile callbacks; 0 before ``install``)."""
+    if _state["installed"]:
+        install()  # again after a torch._dynamo.reset()
     with _lock:
         since = _state["since"]
         return _state["total"] + (time.perf_counter() - since if since is not None else 0.0)
