@@ -1,9 +1,11 @@
-"""The time this process has spent compiling (``torch.compile``): dynamo's tracing, Inductor's code generation and
-kernels built on the way (FlashAttention-4's among them), a backward compiled at its first use.
+"""The time this process has spent compiling (``torch.compile``): dynamo's tracing, Inductor's code generation, a
+backward compiled at its first use. (Kernels that a library builds when they first run, outside torch.compile, are
+not in it.)
 
-A compiled drafter meets a new shape now and then (a batch with more documents, a pass of another size) and
-compiles again for it: a step of 20 s where its neighbours took 2. Counted here, the monitor shows it beside the
-rates it slowed (``LineStatus.compile_s``), so a slow window is not mistaken for a slow line.
+A compiled drafter meets now and then a shape it has not compiled for and compiles again: on an H100 at the
+Qwen3.6-27B shape, steps of 19-24 s among steps of 1.6-3.3 s (docs/benchmarks/2026-12-the-card.md). Counted here,
+the monitor shows it beside the rates it slowed (``compile_s`` and ``compiling_s`` of the status), so a slow window
+is not mistaken for a slow line.
 
 Counted from dynamo's compile callbacks, which run when the process's first compilation starts and its last
 pending one ends (nested ones are not counted twice). ``install`` before the first compilation.

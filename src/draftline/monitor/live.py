@@ -15,8 +15,8 @@ import time
 import torch
 
 from draftline import run_files
-from draftline.distributed.health import Health
 from draftline.compile_clock import compile_seconds
+from draftline.distributed.health import Health
 from draftline.monitor.dashboard import Dashboard
 from draftline.monitor.gpu import GpuStats
 from draftline.monitor.gpu import device_stats

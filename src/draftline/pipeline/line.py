@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from draftline import run_files
+from draftline import compile_clock, run_files
 from draftline.checkpoint.export import save_drafter
 from draftline.checkpoint.manager import CheckpointManager, CheckpointPolicy, resume
 from draftline.checkpoint.writer import check_disk_space
@@ -29,7 +29,6 @@ from draftline.distributed.signals import StopSignals
 from draftline.distributed.target_group import TargetGroup
 from draftline.evaluate.during_training import InTrainingEvaluation
 from draftline.model.target import TargetFeatures
-from draftline import compile_clock
 from draftline.monitor.dashboard import Dashboard
 from draftline.monitor.gpu import device_stats
 from draftline.monitor.live import DrafterPublisher, LineMonitor, write_trace
