@@ -138,7 +138,6 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
     sync(device)
     say(name, f"warmed up; timing {len(batches) - 2} steps")
     reset_peak(device)
-    flops_before = worker.counters.flops
     tokens, samples, step_flops = 0, 0, []
     # As the drafter role runs: no host sync between steps but the worker's own (one per step: the
     # record of the step before, read after this step's batches were queued), so the host prepares a
@@ -172,7 +171,7 @@ def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
         sync(device)
     times = [a.elapsed_time(b) / 1e3 if pipelined else b - a for a, b in zip(starts, ends[1:])]
     wall = sum(times)
-    flops = worker.counters.flops - flops_before
+    flops = sum(step_flops)
     per_sample = statistics.median(t / b.num_docs for t, b in zip(times, batches[2:]))
     kernel = args.attention if args.attention != "auto" else auto_backend(device, cfg)
     steps = ", ".join(f"{1e3 * t:.0f}" for t in times)

@@ -93,10 +93,17 @@ def test_compile_time_is_summed_over_ranks_once_per_process_and_the_window_shows
     before the monitor starts (preflight) is in the total, not in the first window."""
     stats = {0: {"target": {"flops": 0.0, "batches": 0, "compile_s": 30.0}, "drafter": {"wait_s": 0.0, "compile_s": 30.0}},
              1: {"target": {"flops": 0.0, "batches": 0, "compile_s": 12.0}, "drafter": {"wait_s": 0.0, "compile_s": 12.0}}}
-    monitor = _monitor(stats, schedule=_real_schedule(1), peak=PeakFlops(1e15, "test"))
+    reads = []
+    monitor = LineMonitor(
+        health=SimpleNamespace(peer_stats=lambda: reads.append(1) or stats), logger=SimpleNamespace(log=lambda r: None),
+        dashboard=None, block_size=4, total_steps=10, start_step=0, batches_per_step=1, schedule=_real_schedule(1),
+        peak=PeakFlops(1e15, "test"), num_devices=2, q_pre_capacity=4, q_hs_capacity=4, interval_s=3600.0,
+        progress=Progress())
     monitor.start()
     try:
+        reads.clear()
         first = monitor.snapshot()
+        assert len(reads) == 1  # every rank's heartbeat is read from the store once a snapshot
         assert (first.compile_s, first.compiling_s) == (42.0, 0.0)
         stats[1]["drafter"]["compile_s"] = stats[1]["target"]["compile_s"] = 32.0  # rank 1 compiled a new shape
         second = monitor.snapshot()

@@ -167,10 +167,12 @@ class LineMonitor:
         self.measured = summary
 
     # ------------------------------------------------------------------ output
-    def _peers(self) -> tuple[list[dict], list[dict]]:
+    def _peers(self, peers: dict[int, dict]) -> tuple[list[dict], list[dict]]:
+        """The targets' and the drafters' stats among ``peers`` (``Health.peer_stats``: read once a snapshot, since
+        each reading asks the store for every rank's heartbeat)."""
         targets, drafters = [], []
         self._colocated = False
-        for rank, stats in sorted(self.health.peer_stats().items()):
+        for rank, stats in sorted(peers.items()):
             if not stats:
                 continue
             if stats.get("target"):
@@ -183,10 +185,11 @@ class LineMonitor:
                 stats["gpu"].setdefault("rank", rank)
         return targets, drafters
 
-    def _compile_seconds(self) -> float:
+    @staticmethod
+    def _compile_seconds(peers: dict[int, dict]) -> float:
         """Seconds compiling, summed over the ranks (a colocated rank publishes its process's figure twice: once)."""
         total = 0.0
-        for stats in self.health.peer_stats().values():
+        for stats in peers.values():
             roles = [(stats or {}).get(role) or {} for role in ("target", "drafter")]
             total += max(role.get("compile_s", 0.0) for role in roles)
         return total
@@ -201,7 +204,8 @@ class LineMonitor:
         return epoch, epoch + index / self.schedule.batcher.num_batches(epoch)
 
     def snapshot(self) -> LineStatus:
-        targets, drafters = self._peers()
+        peers = self.health.peer_stats()
+        targets, drafters = self._peers(peers)
         # Target side: cumulative counters published by each target, turned into rates here.
         total = _target_totals(targets)
         self.target_flops.add(total["flops"] - self._last_target["flops"])
@@ -211,7 +215,7 @@ class LineMonitor:
         drafter_wait = sum(d.get("wait_s", 0.0) for d in drafters)
         self.drafter_wait.add(drafter_wait - self._last_drafter_wait)
         self._last_drafter_wait = drafter_wait
-        compile_s = self._compile_seconds()
+        compile_s = self._compile_seconds(peers)
         compiling_s, self._last_compile = max(0.0, compile_s - self._last_compile), compile_s
         with self._lock:
             vector = self._interval_vector.clone()
@@ -222,7 +226,7 @@ class LineMonitor:
         steps_rate = self.steps.rate()
         epoch, epochs_done = self._epochs(step)
         gpus = []
-        for rank, stats in sorted(self.health.peer_stats().items()):
+        for rank, stats in sorted(peers.items()):
             gpu = (stats or {}).get("gpu")
             if gpu and gpu.get("name") != "cpu":  # a CPU rank has no device figures to show
                 gpus.append(GpuStats(**gpu))
@@ -291,10 +295,11 @@ class LineMonitor:
         self.ends_at = ends_at
         # What the targets computed before the drafters began (warm-up, filling the queues) is not
         # part of the first interval's rate.
-        targets, drafters = self._peers()
+        peers = self.health.peer_stats()
+        targets, drafters = self._peers(peers)
         self._last_target = _target_totals(targets)
         self._last_drafter_wait = sum(d.get("wait_s", 0.0) for d in drafters)
-        self._last_compile = self._compile_seconds()  # preflight's compilations are not the first window's
+        self._last_compile = self._compile_seconds(peers)  # preflight's compilations are not the first window's
 
         def loop():
             said = None
