@@ -182,6 +182,10 @@ def run_shape(args, shape: str, budget: int, rows_per_pass: int, device, dtype, 
     print(f"\n== {shape}: --token-budget {budget:,}, --max-query-rows {rows_per_pass:,}, q_hs {args.q_hs}, "
           f"{args.recompute} recompute, {args.moments} moments, head chunks of {args.head_chunk_rows:,} rows", flush=True)
 
+    if args.split_only:
+        split_drafter(args, shape, budget, rows_per_pass, device, dtype, rows, meter, t0)
+        return
+
     # ---- 1. the target
     meter.start()
     hybrid = shape in HYBRID
@@ -268,20 +272,55 @@ def run_shape(args, shape: str, budget: int, rows_per_pass: int, device, dtype, 
         print(f"{shape}: the target's layers freed: {meter.allocated():.2f} GiB allocated (the drafter's state, the "
               f"embedding and head: {(12 * params + 4 * drafter_shape.vocab_size * drafter_shape.hidden_size) / GIB:.2f} "
               "expected with fp32 moments)", flush=True)
+    split_step(args, shape, budget, rows_per_pass, device, dtype, rows, meter, worker)
+    del worker
+    release(device)
+    print(f"{shape}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def split_drafter(args, shape: str, budget: int, rows_per_pass: int, device, dtype, rows: list, meter, t0) -> None:
+    """Scenario 4 alone (``--split-only``): the drafter with the target's embedding and head only, as a split
+    drafter rank holds them (random, at the target's shape), warmed up, then its worst case."""
+    config = target_config(shape)
+    vocab, hidden = config.vocab_size, config.hidden_size
+    embed = torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02
+    head = embed if getattr(config, "tie_word_embeddings", False) else torch.randn(vocab, hidden, device=device,
+                                                                                 dtype=dtype) * 0.02
+    print(f"\n== {shape}, split drafter only: --token-budget {budget:,}, --max-query-rows {rows_per_pass:,}, "
+          f"{args.recompute} recompute, {args.moments} moments, head chunks of {args.head_chunk_rows:,} rows", flush=True)
+    worker = make_worker(build_drafter_config(config), device, dtype, rows_per_pass, embed, head,
+                         head_chunk_rows=args.head_chunk_rows, recompute=args.recompute, moments=args.moments)
+    del embed, head  # the worker holds them
+    worst_case_step(worker, min(budget, args.warmup_tokens), min(rows_per_pass, args.warmup_rows), device, dtype)
+    print(f"{shape}: drafter built and warmed up ({time.perf_counter() - t0:.0f} s): {meter.allocated():.2f} GiB "
+          "allocated", flush=True)
+    split_step(args, shape, budget, rows_per_pass, device, dtype, rows, meter, worker)
+    del worker
+    release(device)
+    print(f"{shape}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def split_step(args, shape: str, budget: int, rows_per_pass: int, device, dtype, rows: list, meter, worker) -> None:
+    """The split drafter's worst case: its receive queue and the batch in hand, the same two passes and step."""
+    drafter_cfg = build_drafter_config(target_config(shape))
+    width = len(drafter_cfg.dflash_config["target_layer_ids"]) * target_config(shape).hidden_size
     meter.start()
     queue = feature_batches(RECEIVE_PREFETCH + 1, budget, width, device, dtype)
     worst_case_step(worker, budget, rows_per_pass, device, dtype)
     measured = meter.stop()
     del queue
     row(rows, shape, f"split drafter worst case (receive queue of {RECEIVE_PREFETCH + 1})", measured,
-        drafter_memory(drafter_shape, budget, rows_per_pass, RECEIVE_PREFETCH + 1, num_gpus=1, **options),
+        drafter_memory(DrafterShape.of(drafter_cfg), budget, rows_per_pass, RECEIVE_PREFETCH + 1, num_gpus=1,
+                       recompute=args.recompute, moments=args.moments, head_chunk_rows=args.head_chunk_rows),
         note="the target's embedding and head resident")
-    del worker
+
+
+def release(device) -> None:
+    """Compiled code and cached blocks of the scenario before given back, so the next shape starts clean."""
     gc.collect()
     torch._dynamo.reset()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    print(f"{shape}: done in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def print_table(rows: list) -> None:
@@ -328,6 +367,9 @@ def main() -> int:
                         help="tokens of the drafter's warm-up step (compilation, AdamW's state) (default: %(default)s)")
     parser.add_argument("--warmup-rows", type=int, default=4096,
                         help="query rows of the drafter's warm-up step (default: %(default)s)")
+    parser.add_argument("--split-only", action="store_true",
+                        help="measure only the split drafter (scenario 4): no target but its embedding and head, so "
+                             "that the 27B shape's drafter fits an 80 GB card")
     parser.add_argument("--no-compile-target", action="store_true",
                         help="run the target eager (train compiles it on CUDA; this saves its compile time)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
