@@ -272,10 +272,7 @@ def run_shape(args, shape: str, budget: int, rows_per_pass: int, device, dtype, 
         print(f"{shape}: the target's layers freed: {meter.allocated():.2f} GiB allocated (the drafter's state, the "
               f"embedding and head: {(12 * params + 4 * drafter_shape.vocab_size * drafter_shape.hidden_size) / GIB:.2f} "
               "expected with fp32 moments)", flush=True)
-    split_step(args, shape, budget, rows_per_pass, device, dtype, rows, meter, worker)
-    del worker
-    release(device)
-    print(f"{shape}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+    split_step(args, shape, budget, rows_per_pass, device, dtype, rows, meter, worker, t0)
 
 
 def split_drafter(args, shape: str, budget: int, rows_per_pass: int, device, dtype, rows: list, meter, t0) -> None:
@@ -294,13 +291,11 @@ def split_drafter(args, shape: str, budget: int, rows_per_pass: int, device, dty
     worst_case_step(worker, min(budget, args.warmup_tokens), min(rows_per_pass, args.warmup_rows), device, dtype)
     print(f"{shape}: drafter built and warmed up ({time.perf_counter() - t0:.0f} s): {meter.allocated():.2f} GiB "
           "allocated", flush=True)
-    split_step(args, shape, budget, rows_per_pass, device, dtype, rows, meter, worker)
-    del worker
-    release(device)
-    print(f"{shape}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+    split_step(args, shape, budget, rows_per_pass, device, dtype, rows, meter, worker, t0)
 
 
-def split_step(args, shape: str, budget: int, rows_per_pass: int, device, dtype, rows: list, meter, worker) -> None:
+def split_step(args, shape: str, budget: int, rows_per_pass: int, device, dtype, rows: list, meter, worker,
+               t0: float) -> None:
     """The split drafter's worst case: its receive queue and the batch in hand, the same two passes and step."""
     drafter_cfg = build_drafter_config(target_config(shape))
     width = len(drafter_cfg.dflash_config["target_layer_ids"]) * target_config(shape).hidden_size
@@ -313,10 +308,12 @@ def split_step(args, shape: str, budget: int, rows_per_pass: int, device, dtype,
         drafter_memory(DrafterShape.of(drafter_cfg), budget, rows_per_pass, RECEIVE_PREFETCH + 1, num_gpus=1,
                        recompute=args.recompute, moments=args.moments, head_chunk_rows=args.head_chunk_rows),
         note="the target's embedding and head resident")
+    print(f"{shape}: done in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def release(device) -> None:
-    """Compiled code and cached blocks of the scenario before given back, so the next shape starts clean."""
+    """A shape's compiled code and cached blocks given back (its worker gone with ``run_shape``), so that the next
+    shape starts clean."""
     gc.collect()
     torch._dynamo.reset()
     if device.type == "cuda":
@@ -381,6 +378,7 @@ def main() -> int:
     rows: list = []
     for shape, budget, rows_per_pass in parse_sizes(args.sizes):
         run_shape(args, shape, budget, rows_per_pass, device, dtype, rows)
+        release(device)
         if args.json:
             args.json.write_text(json.dumps({"environment": environment("flash-linear-attention", "fla-core", "nvidia-ml-py"), "args": vars(args) | {"json": str(args.json)},
                                              "rows": rows}, indent=1, default=lambda v: None if v != v else str(v)))
