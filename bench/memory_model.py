@@ -283,8 +283,6 @@ def split_drafter(args, shape: str, budget: int, rows_per_pass: int, device, dty
     embed = torch.randn(vocab, hidden, device=device, dtype=dtype) * 0.02
     head = embed if getattr(config, "tie_word_embeddings", False) else torch.randn(vocab, hidden, device=device,
                                                                                  dtype=dtype) * 0.02
-    print(f"\n== {shape}, split drafter only: --token-budget {budget:,}, --max-query-rows {rows_per_pass:,}, "
-          f"{args.recompute} recompute, {args.moments} moments, head chunks of {args.head_chunk_rows:,} rows", flush=True)
     worker = make_worker(build_drafter_config(config), device, dtype, rows_per_pass, embed, head,
                          head_chunk_rows=args.head_chunk_rows, recompute=args.recompute, moments=args.moments)
     del embed, head  # the worker holds them
@@ -297,8 +295,9 @@ def split_drafter(args, shape: str, budget: int, rows_per_pass: int, device, dty
 def split_step(args, shape: str, budget: int, rows_per_pass: int, device, dtype, rows: list, meter, worker,
                t0: float) -> None:
     """The split drafter's worst case: its receive queue and the batch in hand, the same two passes and step."""
-    drafter_cfg = build_drafter_config(target_config(shape))
-    width = len(drafter_cfg.dflash_config["target_layer_ids"]) * target_config(shape).hidden_size
+    config = target_config(shape)
+    drafter_cfg = build_drafter_config(config)
+    width = len(drafter_cfg.dflash_config["target_layer_ids"]) * config.hidden_size
     meter.start()
     queue = feature_batches(RECEIVE_PREFETCH + 1, budget, width, device, dtype)
     worst_case_step(worker, budget, rows_per_pass, device, dtype)

@@ -38,9 +38,15 @@ def test_target_work_before_the_start_is_not_in_the_first_interval():
         monitor._stop.set()
 
 
-def _monitor(stats: dict, *, schedule, peak, batches_per_step=1, total_steps=10):
+def _monitor(stats: dict, *, schedule, peak, batches_per_step=1, total_steps=10, reads: list | None = None):
+    """A monitor over ``stats`` (every rank's heartbeat); each reading of them appended to ``reads``."""
+    def peer_stats():
+        if reads is not None:
+            reads.append(1)
+        return stats
+
     return LineMonitor(
-        health=SimpleNamespace(peer_stats=lambda: stats), logger=SimpleNamespace(log=lambda record: None),
+        health=SimpleNamespace(peer_stats=peer_stats), logger=SimpleNamespace(log=lambda record: None),
         dashboard=None, block_size=4, total_steps=total_steps, start_step=0, batches_per_step=batches_per_step,
         schedule=schedule, peak=peak, num_devices=max(1, len(stats)), q_pre_capacity=4, q_hs_capacity=4, interval_s=3600.0,
         progress=Progress())
@@ -94,11 +100,7 @@ def test_compile_time_is_summed_over_ranks_once_per_process_and_the_window_shows
     stats = {0: {"target": {"flops": 0.0, "batches": 0, "compile_s": 30.0}, "drafter": {"wait_s": 0.0, "compile_s": 30.0}},
              1: {"target": {"flops": 0.0, "batches": 0, "compile_s": 12.0}, "drafter": {"wait_s": 0.0, "compile_s": 12.0}}}
     reads = []
-    monitor = LineMonitor(
-        health=SimpleNamespace(peer_stats=lambda: reads.append(1) or stats), logger=SimpleNamespace(log=lambda r: None),
-        dashboard=None, block_size=4, total_steps=10, start_step=0, batches_per_step=1, schedule=_real_schedule(1),
-        peak=PeakFlops(1e15, "test"), num_devices=2, q_pre_capacity=4, q_hs_capacity=4, interval_s=3600.0,
-        progress=Progress())
+    monitor = _monitor(stats, schedule=_real_schedule(1), peak=PeakFlops(1e15, "test"), reads=reads)
     monitor.start()
     try:
         reads.clear()
