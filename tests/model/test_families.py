@@ -219,7 +219,7 @@ def test_compiled_target_gives_the_same_features(family, request):
     original = torch.compile
     torch._dynamo.reset()
     try:
-        torch.compile = lambda fn, dynamic=None: original(fn, dynamic=dynamic, backend="aot_eager")
+        torch.compile = lambda fn, dynamic=None, options=None: original(fn, dynamic=dynamic, backend="aot_eager")
         compile_target(compiled)
     finally:
         torch.compile = original

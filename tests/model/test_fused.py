@@ -54,7 +54,8 @@ def test_compiled_layers_keep_state_dict_and_capture_whole_halves(qwen3_target):
     names = list(compiled.state_dict())
     original = torch.compile
     try:
-        torch.compile = lambda fn, dynamic=None: original(fn, dynamic=dynamic, backend="aot_eager", fullgraph=True)
+        torch.compile = lambda fn, dynamic=None, options=None: original(fn, dynamic=dynamic, backend="aot_eager",
+                                                                        fullgraph=True)
         compile_drafter(compiled)
     finally:
         torch.compile = original
@@ -87,7 +88,7 @@ def test_every_half_runs_compiled_however_small_dynamo_s_cache(qwen3_target):
     torch._dynamo.reset()
     try:
         torch._dynamo.config.recompile_limit = 2
-        torch.compile = lambda fn, dynamic=None: original(fn, dynamic=dynamic, backend=counting)
+        torch.compile = lambda fn, dynamic=None, options=None: original(fn, dynamic=dynamic, backend=counting)
         compile_drafter(drafter, recompute="cheap")
         _run(drafter, [40, 23], torch.device("cpu"), torch.float32)
     finally:
@@ -124,6 +125,36 @@ def test_compiled_drafter_equals_eager_on_cuda_in_bf16(qwen3_target, recompute):
             assert _rel(grad, ref_grads[name]) < max(2 * eager_err, 1e-2), (name, _rel(grad, ref_grads[name]), eager_err)
 
 
+def compiled_graphs_after_first_pass(lengths_after: list[list[int]]) -> int:
+    """Graphs dynamo compiles for passes of ``lengths_after`` once a compiled drafter of hidden 1,024 has run one
+    pass of 700 tokens (~930 query rows) on CUDA in bf16."""
+    from transformers import Qwen3Config
+
+    torch._dynamo.reset()
+    target = Qwen3Config(vocab_size=512, hidden_size=1024, intermediate_size=2048, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=2, head_dim=128)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(build_drafter_config(target, num_hidden_layers=1, block_size=4)).cuda()
+    drafter.reset_parameters(std=0.02)
+    compile_drafter(drafter)
+    stats = torch._dynamo.utils.counters["stats"]
+    _run(drafter, [700], torch.device("cuda"), torch.bfloat16)
+    before = stats["unique_graphs"]
+    for lengths in lengths_after:
+        _run(drafter, lengths, torch.device("cuda"), torch.bfloat16)
+    return stats["unique_graphs"] - before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_passes_of_every_size_run_the_graphs_of_the_first_on_cuda():
+    """A pass's rows change with every batch. Inductor fuses a norm's two backward reductions only past thresholds
+    on the rows, and guards on them (``fused.one_kernel_for_every_size``): at hidden 1,024 they fall at 2,048, 4,096
+    and 5,120 rows. Passes on every side of them (query rows ~2,700 to ~10,700; context 2,000 to 8,000 tokens)
+    compile nothing after the first pass."""
+    assert compiled_graphs_after_first_pass([[2000], [3500], [4200], [4200, 3800]]) == 0
+
+
 def test_inference_calls_run_the_eager_code(qwen3_target):
     """No gradients or an inference cache: the compiled functions are not called (evaluation in training)."""
     from draftline.model.drafter import ContextCache
@@ -132,7 +163,7 @@ def test_inference_calls_run_the_eager_code(qwen3_target):
     calls = []
     original = torch.compile
     try:
-        def counting(fn, dynamic=None):
+        def counting(fn, dynamic=None, options=None):
             def compiled(*args, **kwargs):
                 calls.append(fn.__name__)
                 return fn(*args, **kwargs)

@@ -32,10 +32,26 @@ from draftline.model.drafter import ContextCache, DFlashDrafter
 from draftline.model.target import TargetFeatures
 
 
+def one_kernel_for_every_size() -> dict:
+    """Inductor options for code compiled once for passes of every size.
+
+    Inductor fuses a norm's two backward reductions (over each row, and over the rows for the weight's gradient)
+    into one kernel only where the rows pass three thresholds (rows x columns >= 5 Mi, rows >= 2 x columns, rows
+    >= 4,096), and with dynamic shapes it guards on each: a pass whose rows fall on the other side of one compiles
+    the layer again. At the 27B shape on an H100 two of six drafter steps took 10-15 s so
+    (docs/benchmarks/2026-12-the-card.md). The non-strict mode fuses without the thresholds, so one kernel serves
+    every size; a torch without the option keeps its default."""
+    import torch._inductor.config as inductor
+
+    name = "mix_order_reduction_non_strict_mode"
+    return {f"triton.{name}": True} if hasattr(inductor.triton, name) else {}
+
+
 def _compiled_when(use_compiled, eager, compiled_fn=None):
-    """``compiled_fn`` (default ``eager``) compiled (dynamic shapes), called when ``use_compiled(args, kwargs)``
-    holds, and ``eager`` otherwise: the calls a model makes outside the pass it was compiled for stay as written."""
-    compiled = torch.compile(compiled_fn or eager, dynamic=True)
+    """``compiled_fn`` (default ``eager``) compiled (dynamic shapes, ``one_kernel_for_every_size``), called when
+    ``use_compiled(args, kwargs)`` holds, and ``eager`` otherwise: the calls a model makes outside the pass it was
+    compiled for stay as written."""
+    compiled = torch.compile(compiled_fn or eager, dynamic=True, options=one_kernel_for_every_size())
 
     def call(*args, **kwargs):
         return (compiled if use_compiled(args, kwargs) else eager)(*args, **kwargs)
