@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         rates = _measured(args, model, lengths, device)
     else:
         rates = estimate_rates(model.target_shape, model.drafter_shape, lengths, args.max_anchors, hardware.peak_flops)
-        print(f"  MFUs measured on one H200: target {target_mfu(model.target_shape)[1]}; drafter "
+        print(f"  MFUs measured: target {target_mfu(model.target_shape)[1]}; drafter "
               f"{MEASURED_MFU['drafter'][1]}; taken as the same share of this GPU's spec peak")
     print(f"rates per GPU ({rates.source}): target {rates.target_samples_s:.2f} samples/s, "
           f"drafter {rates.drafter_samples_s:.2f} samples/s")

@@ -43,11 +43,12 @@ from draftline.sizing.workload import PROMPT_SHARE, reference_lengths, sampled_b
 
 MEASURED_MFU = {
     "target": (0.589, "the compiled feature pass, Qwen3-8B shape, packed 32K tokens: 41.0 Ktok/s"),
-    "target_hybrid": (0.502, "the Qwen3.6-27B-shaped hybrid feature pass (flash-linear-attention), packed 32K: "
-                             "10.3 Ktok/s"),
+    "target_hybrid": (0.540, "the Qwen3.6-27B-shaped hybrid feature pass (flash-linear-attention), compiled, packed "
+                             "32K: 11.1 Ktok/s on an H100 held at its power cap"),
     "drafter": (0.552, "the drafter's step, packed 32K tokens, Qwen3-8B shape, FlashAttention-4: 129 ms/sample"),
 }
-"""MFU of each role against the spec dense bf16 peak, measured on one H200 (docs/benchmarks/2026-12-planner.md)."""
+"""MFU of each role against the spec dense bf16 peak, measured on one H200 (docs/benchmarks/2026-12-planner.md; the
+hybrid target's compiled pass on one H100, docs/benchmarks/2026-12-the-card.md)."""
 
 ANCHOR_SWEEP = (128, 256, 512)
 """Anchors per document at which the recommended layout is also shown (the seeds' trade)."""
@@ -117,7 +118,7 @@ def estimate_rates(target_shape: TargetShape, drafter_shape: DrafterShape, lengt
     dm = drafter_mfu if drafter_mfu is not None else MEASURED_MFU["drafter"][0]
     t, d = per_sample_flops(target_shape, drafter_shape, lengths, max_anchors)
     return RoleRates(tm * peak_flops / t, dm * peak_flops / d,
-                     f"FLOP model at {tm:.1%} (target) / {dm:.1%} (drafter) of the spec peak, measured on one H200")
+                     f"FLOP model at {tm:.1%} (target) / {dm:.1%} (drafter) of the spec peak, as measured")
 
 
 # ------------------------------------------------------------------------------------------ layouts
