@@ -4,8 +4,9 @@ One model, used by ``draftline plan`` and by ``train``'s default split (``defaul
 
 - Work per sample: the FLOP counter (``flops``) over a length distribution (``workload``), for the target's
   feature pass and the drafter's training step at ``max_anchors`` anchors per document.
-- Rates: work / (MFU x the GPU's spec peak). The MFUs are this repository's measurements on an H200
-  (``MEASURED_MFU``), taken as the same share of another GPU's spec peak when that GPU is not in hand;
+- Rates: work / (MFU x the GPU's spec peak). The MFUs are this repository's measurements on an H200 (a hybrid
+  target's: on an H100; ``MEASURED_MFU``), taken as the same share of another GPU's spec peak when that GPU is not
+  in hand;
   ``plan --measure`` times the roles on the GPU in hand instead.
 - Sharded drafters also move their weights and gradients each pass (FSDP2: two bf16 gathers and one
   fp32 reduce-scatter of the drafter's weights); that time overlaps the pass's compute, so a drafter's
