@@ -159,8 +159,9 @@ def _qwen3_6_27b_config_only(path):
 
 
 def test_plan_for_qwen3_6_27b_on_8_rtx_pro_6000(tmp_path, capsys):
-    """The node the seeds trained on: the recommended layout fits every GPU and, at the MFUs measured on an H200,
-    runs at 22 Ktok/s or more at 512 anchors; sharding takes a drafter's state to a quarter on 4 drafters."""
+    """The node the seeds trained on: the recommended layout fits every GPU and, at the measured MFUs (the hybrid
+    target's compiled pass: 54.0%), runs at 23.5 Ktok/s or more at 512 anchors (23.8 planned); sharding takes a
+    drafter's state to a quarter on 4 drafters."""
     target = _qwen3_6_27b_config_only(tmp_path / "q27")
     out = tmp_path / "plan.json"
     assert main(["plan", "--target", str(target), "--gpus", "8", "--gpu", "RTX PRO 6000", "--json", str(out)]) == 0
@@ -177,7 +178,7 @@ def test_plan_for_qwen3_6_27b_on_8_rtx_pro_6000(tmp_path, capsys):
     best = plan["recommended"]
     assert best["target_parallel"] == 1
     # the card's whole capacity as torch reports it, less preflight's 2 GiB headroom: allocated and outside the allocator
-    assert best["fits"] and max(best["memory_gib"].values()) <= 94.97 - 2 and best["ktok_s"] >= 22
+    assert best["fits"] and max(best["memory_gib"].values()) <= 94.97 - 2 and best["ktok_s"] >= 23.5
     gpu = best["memory_components_gib"]["gpu"]
     assert gpu["total"] == max(best["memory_gib"].values()) and gpu["total"] >= gpu["allocated"] + 1.0  # + outside
     assert gpu["parts"]["target weights (bf16, 64 layers, embedding and LM head)"] == pytest.approx(50.1, abs=0.05)
