@@ -26,6 +26,8 @@ Variants ('+'-joined options):
                        the features carry the target's final hidden state) instead of DFlash's
   chunkN               N rows of logits per head chunk (default ``--head-chunk-rows``)
   lossN                with ``dspark``: N rows per chunk of DSpark's loss (``DSparkLoss.chunk_rows``)
+  stages               with ``dspark``: the loss chunk in three compiled stages, not the row kernel
+                       (``DSparkLoss.row_kernel``)
   peer                 SpecForge 0.2.0's DFlash step: its draft model, training wrapper, chunked loss and
                        BF16Optimizer, on the same sample and features (needs ``specforge``, installed --no-deps)
   liger                with ``peer``: its Liger kernels (fused RMSNorm and SwiGLU; needs ``liger-kernel``)
@@ -297,6 +299,8 @@ class Ours:
         loss_rows = next((int(o[4:]) for o in opts if o.startswith("loss")), None)
         if loss_rows is not None:
             self.worker.objective.loss.chunk_rows = loss_rows
+        if "stages" in opts:
+            self.worker.objective.loss.row_kernel = False
         if "ckpt" in opts:
             checkpoint_layers(self.worker.drafter)
         mode = next((m for m in ("none", "cheap", "mlp") if m in opts), "cheap")

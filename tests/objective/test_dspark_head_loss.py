@@ -163,8 +163,8 @@ def test_a_bf16_head_forms_z_as_the_compiled_path_does(multiplier, softcap):
     eager = _run(dspark_head_loss, inputs, fused=False, **kw)
     body = _run(dspark_head_loss, inputs, fused=True, **kw)
     assert torch.equal(eager[4], body[4])
-    for mine, theirs in zip(body[:4], eager[:4]):
-        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(body[:4], eager[:4]):  # L1 sums ~300 terms near 2 in total: a few fp32 steps of 2.4e-7
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=4e-6)
     for mine, theirs in zip(body[5], eager[5]):
         torch.testing.assert_close(mine, theirs, rtol=1e-2, atol=1e-4)
 

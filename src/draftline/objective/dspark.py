@@ -66,6 +66,10 @@ class DSparkLoss:
     vocab bytes with a bf16 head (1.4 GiB at 1,024 rows and a 248K vocabulary; ``objective.dspark_head_loss``).
     At the 8B shape 512 rows took the step's peak 0.25 GiB lower and its time 1% higher (H200,
     docs/benchmarks/2026-12-dspark-step.md): 1,024 stays."""
+    row_kernel: bool = True
+    """On CUDA, with a bf16 head's unscaled logits: each chunk's three passes over the logits in one Triton kernel
+    that holds a row through them (``objective.dspark_row_kernel``); False: three compiled stages, each reading the
+    logits from device memory."""
 
     def __post_init__(self):
         for name in ("ce_weight", "l1_weight", "confidence_weight"):
@@ -139,7 +143,8 @@ class DSparkObjective(DFlashObjective):
                                      ce_weight=settings.ce_weight, l1_weight=settings.l1_weight,
                                      chunk_rows=settings.chunk_rows, multiplier=self.logit_multiplier,
                                      softcap=self.softcap, teacher_index=None if distinct is None else distinct.index,
-                                     teacher_offsets=None if distinct is None else distinct.offsets)
+                                     teacher_offsets=None if distinct is None else distinct.offsets,
+                                     row_kernel=settings.row_kernel)
             return terms, weights
 
         # Each head through its own module call, once per pass: sharded (FSDP2), a head's weights are gathered for

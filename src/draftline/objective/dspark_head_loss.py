@@ -33,6 +33,12 @@ unscaled before the bias was folded; the gradients returned included;
 CPU runs (the fp32 logits, log-softmax, distributions, their difference and sign, in place where it can).
 ``W2``'s gradient is one fp32 [V, r] buffer for the whole call (254 MB at V = 248,320, r = 256).
 
+Where the kernel takes the logits (CUDA, a bf16 or fp16 head, unscaled: ``dspark_row_kernel.takes``), the three
+stages' work runs instead in one Triton kernel whose programs each hold a row through its three passes, so the
+second and third read it from L2 as far as it holds the rows in flight (``objective.dspark_row_kernel``): at the 8B
+step's 8,181 rows, 6.9 ms against the stages' 9.6 on an H100 (docs/benchmarks/2026-12-dspark-step.md, section 11).
+It allocates nothing of ``[R, V]``.
+
 Overlapping blocks share teacher rows (slot k of anchor p reads the target at p + k): given each chunk's distinct
 teacher rows (``teacher_offsets``, ``teacher_index``: ``objective.dspark_blocks.distinct_teacher_rows``), the
 teacher's logits are computed once per distinct row and each row reads its own by index, inside the compiled
@@ -46,6 +52,7 @@ import functools
 
 import torch
 
+from draftline.objective import dspark_row_kernel
 from draftline.objective.head_loss import compile_over_rows, label_is_argmax, scale_logits
 
 FUSED_BYTES_PER_LOGIT = 6
@@ -77,13 +84,16 @@ def _scaled_logits(h: torch.Tensor, weight: torch.Tensor, multiplier: float, sof
 
 def _logits_and_bias(h, latent, weight, w2, unscaled):
     """(raw logits, Markov bias or None), both [R, V] in the head's dtype. Unscaled logits take the bias in the
-    head's matmul (``addmm`` into the logits: added in its accumulator, rounded once), and the bias is None: z in one
-    buffer, as DeepSpec's bf16 sum under autocast has it. Scaled logits need the bias apart: it is added after the
+    head's matmul, and the bias is None: z in one buffer, as DeepSpec's bf16 sum under autocast has it. The bias
+    comes first and the head's matmul adds into it (``addmm`` with the bias as its input, summed in its accumulator,
+    rounded once): the small matmul writes the buffer and the large one reads it where its time is in the
+    arithmetic, not the bytes (the other order was 0.2-0.5 ms slower a DSpark step at the 8B shape on an H100,
+    docs/benchmarks/2026-12-dspark-step.md, section 11). Scaled logits need the bias apart: it is added after the
     scaling."""
-    raw = h.to(weight.dtype) @ weight.t()
-    if unscaled:
-        return torch.addmm(raw, latent, w2.t(), out=raw), None  # in place; torch's FLOP counter sees addmm.out
-    return raw, latent @ w2.t()
+    bias = latent @ w2.t()
+    if unscaled:  # in place; torch's FLOP counter sees addmm.out
+        return torch.addmm(bias, h.to(weight.dtype), weight.t(), out=bias), None
+    return h.to(weight.dtype) @ weight.t(), bias
 
 
 def _student_logits(raw, bias, multiplier, softcap):
@@ -236,17 +246,17 @@ def _fused_terms():
 class _DSparkHeadLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, latent, w2, head, labels, teacher, row_weights, ce_weight, l1_weight, chunk_rows,
-                multiplier, softcap, fused, teacher_index, teacher_offsets):
+                multiplier, softcap, fused, teacher_index, teacher_offsets, row_kernel):
         # Under autocast the fp32 reductions and the Markov matmuls would run in bf16: the head's matmuls take
         # the head's dtype explicitly, everything else stays fp32.
         with torch.autocast(hidden.device.type, enabled=False):
             return _DSparkHeadLoss._forward(ctx, hidden, latent, w2, head, labels, teacher, row_weights, ce_weight,
                                             l1_weight, chunk_rows, multiplier, softcap, fused, teacher_index,
-                                            teacher_offsets)
+                                            teacher_offsets, row_kernel)
 
     @staticmethod
     def _forward(ctx, hidden, latent, w2, head, labels, teacher, row_weights, ce_weight, l1_weight, chunk_rows,
-                 multiplier, softcap, fused, teacher_index, teacher_offsets):
+                 multiplier, softcap, fused, teacher_index, teacher_offsets, row_kernel):
         need_h, need_latent, need_w2 = ctx.needs_input_grad[:3]
         need_grad = need_h or need_latent or need_w2
         rows = hidden.shape[0]
@@ -263,6 +273,8 @@ class _DSparkHeadLoss(torch.autograd.Function):
         w2_mm = w2.to(mm)
         unscaled = _unscaled(multiplier, softcap)
         body = None if not fused else _fused_terms() if hidden.is_cuda else dspark_chunk_terms_into
+        if body is not None and row_kernel and hidden.is_cuda and dspark_row_kernel.takes(mm, multiplier, softcap):
+            body = dspark_row_kernel.dspark_rows_into
         for chunk, start in enumerate(range(0, rows, chunk_rows)):
             end = min(start + chunk_rows, rows)
             label = labels[start:end]
@@ -341,7 +353,7 @@ class _DSparkHeadLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, *_unused):
         scaled = [None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors]
-        return (*scaled, None, None, None, None, None, None, None, None, None, None, None, None)
+        return (*scaled, None, None, None, None, None, None, None, None, None, None, None, None, None)
 
 
 def dspark_head_loss(
@@ -361,6 +373,7 @@ def dspark_head_loss(
     fused: bool | None = None,
     teacher_index: torch.Tensor | None = None,
     teacher_offsets: tuple[int, ...] | None = None,
+    row_kernel: bool = True,
 ):
     """(loss, ce_sum, l1_sum, accept [M], correct [M]) of the labelled rows; see the module docstring.
 
@@ -374,7 +387,9 @@ def dspark_head_loss(
     the metrics), ``accept`` each row's ``clamp(1 - L1 / 2, 0, 1)``, ``correct`` whether the corrected
     logits' argmax is the label; those four are not differentiable. ``fused`` (default: on CUDA): each
     chunk's softmaxes, distances and gradients in one body (``dspark_chunk_terms_into``), compiled on CUDA and
-    run as written on CPU; ``False``: the eager in-place loop.
+    run as written on CPU; ``False``: the eager in-place loop. ``row_kernel`` (with ``fused``, on CUDA, for the
+    logits ``dspark_row_kernel.takes``): each chunk's three passes in one Triton kernel that holds a row through
+    them (``objective.dspark_row_kernel``) instead of the three compiled stages.
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
@@ -386,7 +401,7 @@ def dspark_head_loss(
     return _DSparkHeadLoss.apply(hidden, latent, w2, head_weight.detach(), labels, teacher.detach(), row_weights,
                                  float(ce_weight), float(l1_weight), int(chunk_rows), float(multiplier), softcap,
                                  hidden.is_cuda if fused is None else bool(fused), teacher_index,
-                                 None if teacher_offsets is None else tuple(teacher_offsets))
+                                 None if teacher_offsets is None else tuple(teacher_offsets), bool(row_kernel))
 
 
 @torch.no_grad()

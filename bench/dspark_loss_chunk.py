@@ -1,0 +1,174 @@
+"""DSpark's loss chunks at the step's shape, on one GPU: the logits' two matmuls in either order, and the passes
+over the logits in three compiled stages or in the row kernel.
+
+    python bench/dspark_loss_chunk.py --json chunk.json
+
+**The logits** (``--hidden``, ``--rank``): a chunk's z = h W^T + l W2^T in bf16, as the head's matmul first with
+the bias added into its output (``addmm`` with the logits as the sum's input: the code of
+``dspark_head_loss._logits_and_bias``), or the bias first with the head's matmul added into it; each chunk's time
+and the two z's largest difference.
+
+**The passes**: the work of one DSpark step's head loss between its matmuls at the 8B shape (8,181 labelled rows in chunks of
+1,024, a 151,936 vocabulary, 16 slots per anchor, 512 anchors in 3,072 tokens: each chunk's teacher rows are its
+distinct positions, about 0.37 of its rows), given bf16 logits: the compiled stages of
+``objective.dspark_head_loss`` (and the teacher's log-normalisers) against ``objective.dspark_row_kernel`` at each
+configuration of ``--blocks``, ``--programs`` (per multiprocessor) and ``--warps``. Each timed call starts from the
+same logits (a copy, timed apart and taken off); each configuration's CE, L1, hits and gradients are compared with
+the stages'. The bytes column counts one read of the student's logits and of the teacher's distinct rows and one
+write of the gradient: the least a chunk must move.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from draftline.objective import dspark_row_kernel
+from draftline.objective.dspark_head_loss import _fused_terms
+
+
+def _chunks(rows, chunk_rows, vocab, block_size, span, generator, device):
+    """[(z, teacher's distinct rows, index, labels, weights)] of each chunk, in the order the loss takes them."""
+    anchors = torch.randperm(span - block_size, generator=generator)[: -(-rows // block_size)].sort().values
+    positions = (anchors[:, None] + torch.arange(block_size)).flatten()[:rows]
+    chunks = []
+    for start in range(0, rows, chunk_rows):
+        distinct, index = positions[start:start + chunk_rows].unique(return_inverse=True)
+        n = index.numel()
+        z = (torch.randn(n, vocab, generator=generator) * 3).to(device=device, dtype=torch.bfloat16)
+        teacher = (torch.randn(distinct.numel(), vocab, generator=generator) * 3).to(device=device,
+                                                                                      dtype=torch.bfloat16)
+        labels = torch.randint(0, vocab, (n,), generator=generator).to(device)
+        weights = torch.rand(n, generator=generator).to(device)
+        chunks.append((z, teacher, index.to(device), labels, weights))
+    return chunks
+
+
+def _logits_orders(chunks, hidden, rank, reps, generator):
+    """{order: ms} of forming every chunk's z = h W^T + l W2^T (bf16) in each order, and their largest difference."""
+    vocab = chunks[0][0].shape[1]
+    head = (torch.randn(vocab, hidden, generator=generator) * 0.05).to("cuda", torch.bfloat16)
+    w2 = (torch.randn(vocab, rank, generator=generator) * 0.05).to("cuda", torch.bfloat16)
+    inputs = [(torch.randn(c[0].shape[0], hidden, generator=generator).to("cuda", torch.bfloat16),
+               torch.randn(c[0].shape[0], rank, generator=generator).to("cuda", torch.bfloat16)) for c in chunks]
+    scratch = [torch.empty_like(c[0]) for c in chunks]
+
+    def head_first():
+        for (h, latent), out in zip(inputs, scratch):
+            torch.mm(h, head.t(), out=out)
+            torch.addmm(out, latent, w2.t(), out=out)
+
+    def bias_first():
+        for (h, latent), out in zip(inputs, scratch):
+            torch.mm(latent, w2.t(), out=out)
+            torch.addmm(out, h, head.t(), out=out)
+
+    times = {"head first, bias added": _time(head_first, reps), "bias first, head added": _time(bias_first, reps)}
+    head_first()
+    first = [z.clone() for z in scratch]
+    bias_first()
+    worst = max(((a.float() - b.float()).abs().max() / a.float().abs().max()).item() for a, b in zip(first, scratch))
+    flops = sum(2 * h.shape[0] * vocab * (hidden + rank) for h, _ in inputs)
+    for name, ms in times.items():
+        print(f"  {name:40s} {ms:7.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s")
+    print(f"  the two z's largest difference, relative to the largest |z|: {worst:.1e}")
+    return {"ms": times, "flops": flops, "max_relative_difference": worst}
+
+
+def _run(body, chunks, scratch):
+    outputs = []
+    for (z, teacher, index, labels, weights), buffer in zip(chunks, scratch):
+        buffer.copy_(z)
+        ce, l1, hit = body(buffer, None, teacher, labels, weights, 0.1, 0.9, 1.0, None, True, index)
+        outputs.append((ce, l1, hit, buffer))
+    return outputs
+
+
+def _time(fn, reps):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=8181, help="labelled rows a step (default: %(default)s)")
+    parser.add_argument("--chunk-rows", type=int, default=1024, help="rows per loss chunk (default: %(default)s)")
+    parser.add_argument("--vocab", type=int, default=151936, help="vocabulary (default: %(default)s)")
+    parser.add_argument("--hidden", type=int, default=4096, help="hidden size of the logits' matmul (default: %(default)s)")
+    parser.add_argument("--rank", type=int, default=256, help="Markov rank (default: %(default)s)")
+    parser.add_argument("--blocks", type=int, nargs="+", default=[2048, 4096, 8192],
+                        help="the kernel's columns per step of a pass (default: %(default)s)")
+    parser.add_argument("--programs", type=int, nargs="+", default=[1, 2, 4],
+                        help="the kernel's programs per multiprocessor (default: %(default)s)")
+    parser.add_argument("--warps", type=int, nargs="+", default=[8, 16], help="warps per program (default: %(default)s)")
+    parser.add_argument("--reps", type=int, default=10, help="timed repetitions, median taken (default: %(default)s)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/dspark_loss_chunk.py needs a CUDA GPU", file=sys.stderr)
+        return 1
+    generator = torch.Generator().manual_seed(0)
+    chunks = _chunks(args.rows, args.chunk_rows, args.vocab, 16, 3072, generator, "cuda")
+    scratch = [torch.empty_like(c[0]) for c in chunks]
+    copy_ms = _time(lambda: [b.copy_(c[0]) for c, b in zip(chunks, scratch)], args.reps)
+    moved = sum(c[0].numel() * 4 + c[1].numel() * 2 for c in chunks)
+    distinct = sum(c[1].shape[0] for c in chunks)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.rows} rows in {len(chunks)} chunks, "
+          f"{distinct} distinct teacher rows, V {args.vocab}; the copies {copy_ms:.2f} ms")
+
+    print("the logits' two matmuls, every chunk:")
+    orders = _logits_orders(chunks, args.hidden, args.rank, args.reps, generator)
+    print("the passes over the logits, every chunk:")
+    stages = _fused_terms()
+    reference = [tuple(t.clone() for t in out) for out in _run(stages, chunks, scratch)]
+    results = []
+
+    def record(name, body, config):
+        ms = _time(lambda: _run(body, chunks, scratch), args.reps) - copy_ms
+        outputs = _run(body, chunks, scratch)
+        worst = {"ce": 0.0, "l1": 0.0, "grad_rel": 0.0, "hits_differ": 0}
+        for (ce, l1, hit, grad), (rce, rl1, rhit, rgrad) in zip(outputs, reference):
+            worst["ce"] = max(worst["ce"], (ce - rce).abs().max().item())
+            worst["l1"] = max(worst["l1"], (l1 - rl1).abs().max().item())
+            worst["grad_rel"] = max(worst["grad_rel"], ((grad.float() - rgrad.float()).norm()
+                                                        / rgrad.float().norm()).item())
+            worst["hits_differ"] += int((hit != rhit).sum())
+        row = {"name": name, **config, "ms": round(ms, 3), "TB/s": round(moved / ms / 1e9, 2), **worst}
+        results.append(row)
+        print(f"  {name:40s} {ms:7.3f} ms  {moved / ms / 1e9:5.2f} TB/s  ce {worst['ce']:.1e} l1 {worst['l1']:.1e} "
+              f"grad {worst['grad_rel']:.1e} hits differ {worst['hits_differ']}", flush=True)
+
+    record("three compiled stages", stages, {})
+    for block in args.blocks:
+        for programs in args.programs:
+            for warps in args.warps:
+                def body(*a, block=block, programs=programs, warps=warps):
+                    return dspark_row_kernel.dspark_rows_into(*a, block=block, programs_per_sm=programs,
+                                                              num_warps=warps)
+                try:
+                    record(f"rows block {block} programs/SM {programs} warps {warps}", body,
+                           {"block": block, "programs_per_sm": programs, "warps": warps})
+                except Exception as error:  # a configuration the compiler refuses (registers, shared memory)
+                    print(f"  block {block} programs {programs} warps {warps}: {type(error).__name__}: {error}"[:300])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": args.rows,
+                       "distinct_teacher_rows": distinct, "copy_ms": copy_ms, "logits": orders,
+                       "passes": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

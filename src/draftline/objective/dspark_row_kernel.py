@@ -1,0 +1,146 @@
+"""DSpark's loss chunk in one Triton kernel: a program takes whole rows and passes over each three times.
+
+The three compiled stages of ``objective.dspark_head_loss`` each read a chunk's ``[R, V]`` logits from device memory,
+since a row's log-normaliser, then its L1 distance and ``<s, q>``, must be known before the next pass can start:
+stage 1 reads the student's logits (and the teacher's distinct rows for their log-normalisers), stages 2 and 3 the
+student's and the teacher's, and stage 3 writes the gradient. Here one program holds a row through its three passes,
+so the second and third read what the first has just brought into L2, not device memory, as far as L2 holds the
+rows in flight: a persistent grid (``programs`` programs, each taking rows ``pid, pid + programs, ...``) bounds
+them, and the second pass runs from the row's end back to its start, where the first left off.
+
+For a row with logits ``z`` (the Markov bias already added: unscaled heads only), the teacher's row ``t``, label
+``y`` and weight ``w``, the arithmetic is ``dspark_head_loss.dspark_chunk_terms``' in fp32:
+
+    pass 1 (start to end): lse_z, lse_t (online: a block's maximum, then its exponentials' sum), z[y], and the
+        maxima of z over the row and over the columns before y (the hit test of ``head_loss.label_is_argmax``)
+    pass 2 (end to start): L1 = sum |q - p|, <s, q> with q = exp(z - lse_z), p = exp(t - lse_t), s = sign(q - p)
+    pass 3 (start to end): dz = w (q (ce_weight + l1_weight (s - <s, q>)) - ce_weight onehot(y)), over z in its
+        dtype
+
+Only CUDA runs it (Triton); the tests compare it with the compiled stages and the eager loop on the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def dspark_rows(z_ptr, t_ptr, index_ptr, labels_ptr, weights_ptr, ce_ptr, l1_ptr, hit_ptr, rows, stride_z,
+                    stride_t, ce_weight, l1_weight, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
+                    NUM_BLOCKS: tl.constexpr, HAS_INDEX: tl.constexpr, NEED_GRAD: tl.constexpr):
+        cols = tl.arange(0, BLOCK)
+        neg_inf = float("-inf")
+        for row in range(tl.program_id(0), rows, tl.num_programs(0)):
+            z_row = z_ptr + tl.cast(row, tl.int64) * stride_z
+            if HAS_INDEX:
+                teacher = tl.load(index_ptr + row).to(tl.int64)
+            else:
+                teacher = tl.cast(row, tl.int64)
+            t_row = t_ptr + teacher * stride_t
+            label = tl.load(labels_ptr + row).to(tl.int32)
+            picked = tl.load(z_row + label).to(tl.float32)
+
+            # pass 1: online log-normalisers of z and t; the maxima of the hit test
+            max_z = tl.full([], neg_inf, tl.float32)
+            max_t = tl.full([], neg_inf, tl.float32)
+            sum_z = tl.zeros((BLOCK,), tl.float32)
+            sum_t = tl.zeros((BLOCK,), tl.float32)
+            before = tl.full((BLOCK,), neg_inf, tl.float32)
+            for block in range(NUM_BLOCKS):
+                idx = block * BLOCK + cols
+                inside = idx < VOCAB
+                z = tl.load(z_row + idx, mask=inside, other=neg_inf).to(tl.float32)
+                t = tl.load(t_row + idx, mask=inside, other=neg_inf).to(tl.float32)
+                new_z = tl.maximum(max_z, tl.max(z, 0))
+                new_t = tl.maximum(max_t, tl.max(t, 0))
+                # a maximum still -inf has no exponentials to rescale: exp(-inf - -inf) would be NaN
+                sum_z = tl.where(new_z == neg_inf, 0.0, sum_z * tl.exp(max_z - new_z) + tl.exp(z - new_z))
+                sum_t = tl.where(new_t == neg_inf, 0.0, sum_t * tl.exp(max_t - new_t) + tl.exp(t - new_t))
+                max_z = new_z
+                max_t = new_t
+                before = tl.maximum(before, tl.where(idx < label, z, neg_inf))
+            lse_z = max_z + tl.log(tl.sum(sum_z, 0))
+            lse_t = max_t + tl.log(tl.sum(sum_t, 0))
+            ce = lse_z - picked
+            hit = (picked >= max_z) & ((label == 0) | (picked > tl.max(before, 0)))
+
+            # pass 2, from the row's end: L1 and <s, q>
+            l1_sum = tl.zeros((BLOCK,), tl.float32)
+            sq_sum = tl.zeros((BLOCK,), tl.float32)
+            for back in range(NUM_BLOCKS):
+                idx = (NUM_BLOCKS - 1 - back) * BLOCK + cols
+                inside = idx < VOCAB
+                q = tl.exp(tl.load(z_row + idx, mask=inside, other=neg_inf).to(tl.float32) - lse_z)
+                p = tl.exp(tl.load(t_row + idx, mask=inside, other=neg_inf).to(tl.float32) - lse_t)
+                diff = q - p
+                l1_sum += tl.abs(diff)
+                sq_sum += tl.where(diff > 0, q, tl.where(diff < 0, -q, 0.0))
+            l1 = tl.sum(l1_sum, 0)
+            sign_q = tl.sum(sq_sum, 0)
+            tl.store(ce_ptr + row, ce)
+            tl.store(l1_ptr + row, l1)
+            tl.store(hit_ptr + row, hit.to(tl.int8))
+
+            # pass 3: the gradient of the row's weighted terms, over z
+            if NEED_GRAD:
+                weight = tl.load(weights_ptr + row).to(tl.float32)
+                for block in range(NUM_BLOCKS):
+                    idx = block * BLOCK + cols
+                    inside = idx < VOCAB
+                    q = tl.exp(tl.load(z_row + idx, mask=inside, other=neg_inf).to(tl.float32) - lse_z)
+                    p = tl.exp(tl.load(t_row + idx, mask=inside, other=neg_inf).to(tl.float32) - lse_t)
+                    diff = q - p
+                    sign = tl.where(diff > 0, 1.0, tl.where(diff < 0, -1.0, 0.0))
+                    grad = q * (ce_weight + l1_weight * (sign - sign_q))
+                    grad = tl.where(idx == label, grad - ce_weight, grad) * weight
+                    tl.store(z_row + idx, grad.to(z_ptr.dtype.element_ty), mask=inside)
+
+    return dspark_rows
+
+
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def takes(dtype: torch.dtype, multiplier: float, softcap: float | None) -> bool:
+    """Whether the kernel takes a head's logits: bf16 or fp16, unscaled (the Markov bias then added in the head's
+    matmul). On CUDA only."""
+    return dtype in (torch.bfloat16, torch.float16) and multiplier == 1.0 and not softcap
+
+
+def dspark_rows_into(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_weight, multiplier, softcap,
+                     need_grad, teacher_index=None, *, block: int = 8192, programs_per_sm: int = 2,
+                     num_warps: int = 16):
+    """(CE [R], L1 [R], correct [R]) of one chunk, with ``dz`` written over ``raw`` when ``need_grad``: the
+    arguments and results of ``dspark_head_loss.dspark_chunk_terms_into``, for the logits ``takes`` accepts.
+
+    ``raw`` [R, V] holds z (the head's unscaled logits with the Markov bias added), ``teacher_raw`` the teacher's
+    logits ([R, V], or the chunk's distinct rows with ``teacher_index`` [R] picking each row's), both with unit
+    stride along the vocabulary; ``row_weights`` [R] are the rows' weights, not yet normalised. ``block`` columns
+    a step of each pass, ``programs_per_sm`` programs per multiprocessor (the rows in flight), ``num_warps`` a
+    program's warps."""
+    if not (raw.is_cuda and bias is None and takes(raw.dtype, multiplier, softcap)):
+        raise ValueError("the DSpark row kernel takes CUDA bf16 or fp16 logits, unscaled, with the Markov bias in them")
+    if raw.stride(1) != 1 or teacher_raw.stride(1) != 1:
+        raise ValueError("the logits must be contiguous along the vocabulary")
+    rows, vocab = raw.shape
+    ce = torch.empty(rows, dtype=torch.float32, device=raw.device)
+    l1 = torch.empty_like(ce)
+    hit = torch.empty(rows, dtype=torch.int8, device=raw.device)
+    if rows:
+        programs = min(rows, programs_per_sm * _multiprocessors(raw.device.index or 0))
+        index = labels if teacher_index is None else teacher_index  # any int tensor: unread without an index
+        _kernel()[(programs,)](raw, teacher_raw, index, labels, row_weights.float(), ce, l1, hit, rows, raw.stride(0),
+                               teacher_raw.stride(0), float(ce_weight), float(l1_weight), VOCAB=vocab, BLOCK=block,
+                               NUM_BLOCKS=-(-vocab // block), HAS_INDEX=teacher_index is not None,
+                               NEED_GRAD=bool(need_grad), num_warps=num_warps)
+    return ce, l1, hit.bool()

@@ -1,0 +1,113 @@
+"""DSpark's row kernel against the compiled stages and the eager loop (CUDA), and what it refuses (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftline.objective.dspark_head_loss import _fused_terms, dspark_chunk_terms, dspark_head_loss
+from draftline.objective.dspark_row_kernel import dspark_rows_into, takes
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def test_it_takes_unscaled_half_precision_logits_only():
+    assert takes(torch.bfloat16, 1.0, None) and takes(torch.float16, 1.0, None)
+    assert not takes(torch.float32, 1.0, None)
+    assert not takes(torch.bfloat16, 0.5, None)
+    assert not takes(torch.bfloat16, 1.0, 30.0)
+
+
+def test_it_refuses_what_it_does_not_take():
+    """Refused before any Triton is imported: CPU logits, a bias apart, scaled logits."""
+    raw = torch.zeros(2, 8, dtype=torch.bfloat16)
+    labels, weights = torch.zeros(2, dtype=torch.long), torch.ones(2)
+    for bias, multiplier, softcap in ((None, 1.0, None), (raw.clone(), 1.0, None), (None, 0.5, None),
+                                      (None, 1.0, 30.0)):
+        with pytest.raises(ValueError, match="row kernel"):
+            dspark_rows_into(raw, bias, raw, labels, weights, 0.1, 0.9, multiplier, softcap, True)
+
+
+def _awkward_chunk(rows, vocab, distinct, dtype, generator):
+    """Logits with the cases a pass can get wrong: a row with one finite logit, tied maxima with the label on the
+    second, labels at both ends of the vocabulary; the teacher's rows picked by index."""
+    z = torch.randn(rows, vocab, generator=generator) * 3
+    z[1] = float("-inf")
+    z[1, 77] = 2.0
+    z[2, [5, 9]] = z[2].max() + 4
+    labels = torch.randint(0, vocab, (rows,), generator=generator)
+    labels[0], labels[1], labels[2], labels[3] = 0, 77, 9, vocab - 1
+    z[3, vocab - 1] = z[3].max() + 1  # a hit at the last column
+    teacher = torch.randn(distinct, vocab, generator=generator) * 3
+    index = torch.randint(0, distinct, (rows,), generator=generator)
+    weights = torch.rand(rows, generator=generator)
+    return [t.cuda() for t in (z.to(dtype), teacher.to(dtype), labels, weights, index)]
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("indexed", [True, False])
+@pytest.mark.parametrize("need_grad", [True, False])
+def test_the_row_kernel_equals_the_compiled_stages_and_the_eager_terms(dtype, indexed, need_grad):
+    """1,030 rows at a real vocabulary (more rows than programs, and a vocabulary that no block divides): the same
+    CE, L1 and hits as the three compiled stages and the eager terms, and the gradient within a rounding of the
+    logits' dtype; without ``need_grad`` the logits are left as they were."""
+    rows, vocab = 1030, 151936
+    z, teacher, labels, weights, index = _awkward_chunk(rows, vocab, 400, dtype, torch.Generator().manual_seed(3))
+    if not indexed:
+        teacher, index = teacher[index], None
+    args = (teacher, labels, weights, 0.1, 0.9, 1.0, None, need_grad, index)
+    staged = z.clone()
+    s_ce, s_l1, s_hit = _fused_terms()(staged, None, *args)
+    e_ce, e_l1, e_hit, _, e_grad = dspark_chunk_terms(z.clone(), None, *args)
+    for block, programs in ((4096, 2), (2048, 1)):
+        mine = z.clone()
+        ce, l1, hit = dspark_rows_into(mine, None, *args, block=block, programs_per_sm=programs)
+        for got, want in ((ce, s_ce), (l1, s_l1), (ce, e_ce), (l1, e_l1)):
+            torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
+        assert torch.equal(hit, s_hit) and torch.equal(hit, e_hit)
+        assert hit[1] and not hit[2] and hit[3]
+        if not need_grad:
+            assert torch.equal(mine, z)
+            continue
+        step = torch.finfo(dtype).eps * staged.float().abs()  # one rounding of each gradient entry
+        assert ((mine.float() - staged.float()).abs() <= step + 1e-30).float().mean() > 0.999
+        # rounded to nearest as the stages' are, not truncated: no farther from the fp32 gradient than theirs
+        error = (mine.float() - e_grad).norm() / e_grad.norm()
+        assert error <= 1.05 * (staged.float() - e_grad).norm() / e_grad.norm(), error
+
+
+@pytest.mark.gpu
+@cuda
+def test_the_loss_with_the_row_kernel_equals_the_stages_and_allocates_no_more():
+    """The whole head loss at an 8B-like chunking, row kernel on and off: the same loss, terms, acceptances, hits
+    and gradients, and the row kernel's transient memory no larger than the stages' but for its per-row results
+    (3,000 rows: a few KB a chunk; one [R, V] buffer more would be 0.29 GiB)."""
+    torch.manual_seed(2)
+    device, rows, hidden, vocab, rank = "cuda", 3000, 1024, 151936, 256
+    head = (torch.randn(vocab, hidden, device=device) * 0.05).bfloat16()
+    h = torch.randn(rows, hidden, device=device).bfloat16()
+    teacher = (h.float() + 0.5 * torch.randn(rows, hidden, device=device)).bfloat16()
+    latent = torch.randn(rows, rank, device=device) * 0.05
+    w2 = torch.randn(vocab, rank, device=device) * 0.05
+    labels = torch.randint(0, vocab, (rows,), device=device)
+    weights = torch.rand(rows, device=device)
+    out = {}
+    for row_kernel in (False, True, False, True):  # the first of each compiles; the second is measured
+        leaves = [t.clone().requires_grad_(True) for t in (h, latent, w2)]
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        loss, ce, l1, accept, correct = dspark_head_loss(*leaves, head, labels, teacher, weights, chunk_rows=1024,
+                                                         row_kernel=row_kernel)
+        grads = torch.autograd.grad(loss, leaves)
+        torch.cuda.synchronize()
+        out[row_kernel] = (loss, ce, l1, accept, correct, grads, torch.cuda.max_memory_allocated() - base)
+    stages, rows_kernel = out[False], out[True]
+    for a, b in zip(stages[:4], rows_kernel[:4]):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert torch.equal(stages[4], rows_kernel[4])
+    for a, b in zip(stages[5], rows_kernel[5]):
+        assert (b.float() - a.float()).norm() / a.float().norm() < 1e-2
+    assert rows_kernel[6] <= stages[6] + 2**20, (rows_kernel[6], stages[6])
