@@ -110,9 +110,11 @@ def main() -> int:
     parser.add_argument("--rank", type=int, default=256, help="Markov rank (default: %(default)s)")
     parser.add_argument("--blocks", type=int, nargs="+", default=[2048, 4096, 8192],
                         help="the kernel's columns per step of a pass (default: %(default)s)")
-    parser.add_argument("--programs", type=int, nargs="+", default=[1, 2, 4],
+    parser.add_argument("--programs", type=float, nargs="+", default=[0.5, 1, 2],
                         help="the kernel's programs per multiprocessor (default: %(default)s)")
     parser.add_argument("--warps", type=int, nargs="+", default=[8, 16], help="warps per program (default: %(default)s)")
+    parser.add_argument("--teacher-lse-first", type=int, nargs="+", default=[0], choices=[0, 1],
+                        help="1: the teacher's log-normalisers by a reduction before the kernel (default: %(default)s)")
     parser.add_argument("--reps", type=int, default=10, help="timed repetitions, median taken (default: %(default)s)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -153,13 +155,13 @@ def main() -> int:
     record("three compiled stages", stages, {})
     for block in args.blocks:
         for programs in args.programs:
-            for warps in args.warps:
-                def body(*a, block=block, programs=programs, warps=warps):
+            for warps, first in ((w, f) for w in args.warps for f in args.teacher_lse_first):
+                def body(*a, block=block, programs=programs, warps=warps, first=first):
                     return dspark_row_kernel.dspark_rows_into(*a, block=block, programs_per_sm=programs,
-                                                              num_warps=warps)
+                                                              num_warps=warps, teacher_lse_first=bool(first))
                 try:
-                    record(f"rows block {block} programs/SM {programs} warps {warps}", body,
-                           {"block": block, "programs_per_sm": programs, "warps": warps})
+                    record(f"rows block {block} programs/SM {programs} warps {warps}" + " lse_t first" * first, body,
+                           {"block": block, "programs_per_sm": programs, "warps": warps, "teacher_lse_first": first})
                 except Exception as error:  # a configuration the compiler refuses (registers, shared memory)
                     print(f"  block {block} programs {programs} warps {warps}: {type(error).__name__}: {error}"[:300])
     if args.json:
