@@ -237,3 +237,31 @@ def edit_tensors(path, change):
 
     tensors = load_file(path / "model.safetensors")
     save_file(change(tensors) or tensors, path / "model.safetensors")
+
+
+def cuda_dspark_loss_inputs(seed: int, rows: int, hidden: int = 1024, vocab: int = 151936, rank: int = 256) -> dict:
+    """DSpark head-loss inputs on CUDA at a real vocabulary: a bf16 head, a teacher near the drafter's rows."""
+    torch.manual_seed(seed)
+    device = "cuda"
+    h = torch.randn(rows, hidden, device=device).bfloat16()
+    return dict(hidden=h, latent=torch.randn(rows, rank, device=device) * 0.05,
+                w2=torch.randn(vocab, rank, device=device) * 0.05,
+                head_weight=(torch.randn(vocab, hidden, device=device) * 0.05).bfloat16(),
+                labels=torch.randint(0, vocab, (rows,), device=device),
+                teacher=(h.float() + 0.5 * torch.randn(rows, hidden, device=device)).bfloat16(),
+                row_weights=torch.rand(rows, device=device))
+
+
+def cuda_dspark_loss_run(inputs: dict, **kwargs) -> tuple:
+    """(loss, ce, l1, accept, correct, gradients of hidden, latent and w2, bytes allocated at the peak above the
+    start) of one ``dspark_head_loss`` call on ``cuda_dspark_loss_inputs``."""
+    from draftline.objective.dspark_head_loss import dspark_head_loss
+
+    leaves = {name: inputs[name].clone().requires_grad_(True) for name in ("hidden", "latent", "w2")}
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    terms = dspark_head_loss(**{**inputs, **leaves}, **kwargs)
+    grads = torch.autograd.grad(terms[0], list(leaves.values()))
+    torch.cuda.synchronize()
+    return (*terms, grads, torch.cuda.max_memory_allocated() - base)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import cuda_dspark_loss_inputs, cuda_dspark_loss_run
 
 from draftline.objective.dspark_head_loss import dspark_head_loss, plain_dspark_head_loss
 
@@ -299,27 +300,11 @@ def test_compiled_chunks_on_cuda_equal_the_eager_loop(multiplier, softcap):
     and vocabulary entry plus the gradients returned, softcap or not."""
     from draftline.objective.dspark_head_loss import FUSED_BYTES_PER_LOGIT
 
-    torch.manual_seed(1)
-    device, rows, hidden, vocab, rank, chunk = "cuda", 4096, 1024, 151936, 256, 1024
-    head = (torch.randn(vocab, hidden, device=device) * 0.05).bfloat16()
-    h = torch.randn(rows, hidden, device=device).bfloat16()
-    teacher = (h.float() + 0.5 * torch.randn(rows, hidden, device=device)).bfloat16()
-    latent = torch.randn(rows, rank, device=device) * 0.05
-    w2 = torch.randn(vocab, rank, device=device) * 0.05
-    labels = torch.randint(0, vocab, (rows,), device=device)
-    weights = torch.rand(rows, device=device)
+    rows, hidden, vocab, rank, chunk = 4096, 1024, 151936, 256, 1024
+    inputs = cuda_dspark_loss_inputs(1, rows, hidden, vocab, rank)
     out = {}
     for fused in (False, True, True):  # the first compiled call compiles; the second is measured
-        leaves = [t.clone().requires_grad_(True) for t in (h, latent, w2)]
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        loss, ce, l1, accept, correct = dspark_head_loss(leaves[0], leaves[1], leaves[2], head, labels, teacher,
-                                                         weights, chunk_rows=chunk, multiplier=multiplier,
-                                                         softcap=softcap, fused=fused)
-        grads = torch.autograd.grad(loss, leaves)
-        torch.cuda.synchronize()
-        out[fused] = (loss, ce, l1, accept, correct, grads, torch.cuda.max_memory_allocated() - base)
+        out[fused] = cuda_dspark_loss_run(inputs, chunk_rows=chunk, multiplier=multiplier, softcap=softcap, fused=fused)
     eager, compiled = out[False], out[True]
     for a, b in zip(eager[:4], compiled[:4]):
         torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import cuda_dspark_loss_inputs, cuda_dspark_loss_run
 
-from draftline.objective.dspark_head_loss import _fused_terms, dspark_chunk_terms, dspark_head_loss
+from draftline.objective.dspark_head_loss import _fused_terms, dspark_chunk_terms
 from draftline.objective.dspark_row_kernel import dspark_rows_into, takes
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -85,26 +86,10 @@ def test_the_loss_with_the_row_kernel_equals_the_stages_and_allocates_no_more():
     """The whole head loss at an 8B-like chunking, row kernel on and off: the same loss, terms, acceptances, hits
     and gradients, and the row kernel's transient memory no larger than the stages' but for its per-row results
     (3,000 rows: a few KB a chunk; one [R, V] buffer more would be 0.29 GiB)."""
-    torch.manual_seed(2)
-    device, rows, hidden, vocab, rank = "cuda", 3000, 1024, 151936, 256
-    head = (torch.randn(vocab, hidden, device=device) * 0.05).bfloat16()
-    h = torch.randn(rows, hidden, device=device).bfloat16()
-    teacher = (h.float() + 0.5 * torch.randn(rows, hidden, device=device)).bfloat16()
-    latent = torch.randn(rows, rank, device=device) * 0.05
-    w2 = torch.randn(vocab, rank, device=device) * 0.05
-    labels = torch.randint(0, vocab, (rows,), device=device)
-    weights = torch.rand(rows, device=device)
+    inputs = cuda_dspark_loss_inputs(2, rows=3000)
     out = {}
     for row_kernel in (False, True, False, True):  # the first of each compiles; the second is measured
-        leaves = [t.clone().requires_grad_(True) for t in (h, latent, w2)]
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        loss, ce, l1, accept, correct = dspark_head_loss(*leaves, head, labels, teacher, weights, chunk_rows=1024,
-                                                         row_kernel=row_kernel)
-        grads = torch.autograd.grad(loss, leaves)
-        torch.cuda.synchronize()
-        out[row_kernel] = (loss, ce, l1, accept, correct, grads, torch.cuda.max_memory_allocated() - base)
+        out[row_kernel] = cuda_dspark_loss_run(inputs, chunk_rows=1024, row_kernel=row_kernel)
     stages, rows_kernel = out[False], out[True]
     for a, b in zip(stages[:4], rows_kernel[:4]):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
