@@ -67,7 +67,7 @@ class DSparkLoss:
     At the 8B shape 512 rows took the step's peak 0.25 GiB lower and its time 1% higher (H200,
     docs/benchmarks/2026-12-dspark-step.md): 1,024 stays."""
     row_kernel: bool = True
-    """On CUDA, with a bf16 head's unscaled logits: each chunk's three passes over the logits in one Triton kernel
+    """On CUDA, with a bf16 or fp16 head's unscaled logits: each chunk's three passes over the logits in one Triton kernel
     that holds a row through them (``objective.dspark_row_kernel``); False: three compiled stages, each reading the
     logits from device memory."""
 

@@ -34,8 +34,8 @@ CPU runs (the fp32 logits, log-softmax, distributions, their difference and sign
 ``W2``'s gradient is one fp32 [V, r] buffer for the whole call (254 MB at V = 248,320, r = 256).
 
 Where the kernel takes the logits (CUDA, a bf16 or fp16 head, unscaled: ``dspark_row_kernel.takes``), the three
-stages' work runs instead in one Triton kernel whose programs each hold a row through its three passes, so the
-second and third read it from L2 as far as it holds the rows in flight (``objective.dspark_row_kernel``): at the 8B
+stages' work runs instead in one Triton kernel whose programs each hold a row through its three passes, so that
+the second and third can read it from L2 (``objective.dspark_row_kernel``): at the 8B
 step's 8,181 rows, 5.8 ms against the stages' 8.4 on an H200 (docs/benchmarks/2026-12-dspark-step.md, section 12).
 It allocates nothing of ``[R, V]``.
 

@@ -4,9 +4,9 @@ The three compiled stages of ``objective.dspark_head_loss`` each read a chunk's 
 since a row's log-normaliser, then its L1 distance and ``<s, q>``, must be known before the next pass can start:
 stage 1 reads the student's logits (and the teacher's distinct rows for their log-normalisers), stages 2 and 3 the
 student's and the teacher's, and stage 3 writes the gradient. Here one program holds a row through its three passes,
-so the second and third read what the first has just brought into L2, not device memory, as far as L2 holds the
-rows in flight: a persistent grid (``programs`` programs, each taking rows ``pid, pid + programs, ...``) bounds
-them, and the second pass runs from the row's end back to its start, where the first left off.
+so that the second and third can find in L2 what the first brought there: a persistent grid (``programs``
+programs, each taking rows ``pid, pid + programs, ...``) bounds the rows in flight, and the second pass runs from
+the row's end back to its start, where the first left off. How much they find there is not measured directly.
 
 For a row with logits ``z`` (the Markov bias already added: unscaled heads only), the teacher's row ``t``, label
 ``y`` and weight ``w``, the arithmetic is ``dspark_head_loss.dspark_chunk_terms``' in fp32:
