@@ -4,15 +4,16 @@ over the logits in three compiled stages or in the row kernel.
     python bench/dspark_loss_chunk.py --json chunk.json
 
 **The logits** (``--hidden``, ``--rank``): a chunk's z = h W^T + l W2^T in bf16, as the head's matmul first with
-the bias added into its output (``addmm`` with the logits as the sum's input: the code of
-``dspark_head_loss._logits_and_bias``), or the bias first with the head's matmul added into it; each chunk's time
-and the two z's largest difference.
+the bias added into its output (``addmm`` with the logits as the sum's input), or the bias first with the head's
+matmul added into it (``dspark_head_loss._logits_and_bias``, the code the loss runs); each chunk's time and the
+two z's largest difference.
 
 **The passes**: the work of one DSpark step's head loss between its matmuls at the 8B shape (8,181 labelled rows in chunks of
 1,024, a 151,936 vocabulary, 16 slots per anchor, 512 anchors in 3,072 tokens: each chunk's teacher rows are its
 distinct positions, about 0.37 of its rows), given bf16 logits: the compiled stages of
 ``objective.dspark_head_loss`` (and the teacher's log-normalisers) against ``objective.dspark_row_kernel`` at each
-configuration of ``--blocks``, ``--programs`` (per multiprocessor) and ``--warps``. Each timed call starts from the
+configuration of ``--blocks``, ``--programs`` (per multiprocessor) and ``--warps`` (the teacher's log-normalisers
+taken before it, as the loss takes them). Each timed call starts from the
 same logits (a copy, timed apart and taken off); each configuration's CE, L1, hits and gradients are compared with
 the stages'. The bytes column counts one read of the student's logits and of the teacher's distinct rows and one
 write of the gradient: the least a chunk must move.
@@ -27,7 +28,7 @@ import sys
 import torch
 
 from draftline.objective import dspark_row_kernel
-from draftline.objective.dspark_head_loss import _fused_terms
+from draftline.objective.dspark_head_loss import _fused_terms, _logits_and_bias
 
 
 def _chunks(rows, chunk_rows, vocab, block_size, span, generator, device):
@@ -62,9 +63,8 @@ def _logits_orders(chunks, hidden, rank, reps, generator):
             torch.addmm(out, latent, w2.t(), out=out)
 
     def bias_first():
-        for (h, latent), out in zip(inputs, scratch):
-            torch.mm(latent, w2.t(), out=out)
-            torch.addmm(out, h, head.t(), out=out)
+        for i, (h, latent) in enumerate(inputs):
+            scratch[i] = _logits_and_bias(h, latent, head, w2, True)[0]
 
     times = {"head first, bias added": _time(head_first, reps), "bias first, head added": _time(bias_first, reps)}
     head_first()
@@ -113,8 +113,6 @@ def main() -> int:
     parser.add_argument("--programs", type=float, nargs="+", default=[0.5, 1, 2],
                         help="the kernel's programs per multiprocessor (default: %(default)s)")
     parser.add_argument("--warps", type=int, nargs="+", default=[8, 16], help="warps per program (default: %(default)s)")
-    parser.add_argument("--teacher-lse-first", type=int, nargs="+", default=[0], choices=[0, 1],
-                        help="1: the teacher's log-normalisers by a reduction before the kernel (default: %(default)s)")
     parser.add_argument("--reps", type=int, default=10, help="timed repetitions, median taken (default: %(default)s)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -155,13 +153,13 @@ def main() -> int:
     record("three compiled stages", stages, {})
     for block in args.blocks:
         for programs in args.programs:
-            for warps, first in ((w, f) for w in args.warps for f in args.teacher_lse_first):
-                def body(*a, block=block, programs=programs, warps=warps, first=first):
+            for warps in args.warps:
+                def body(*a, block=block, programs=programs, warps=warps):
                     return dspark_row_kernel.dspark_rows_into(*a, block=block, programs_per_sm=programs,
-                                                              num_warps=warps, teacher_lse_first=bool(first))
+                                                              num_warps=warps)
                 try:
-                    record(f"rows block {block} programs/SM {programs} warps {warps}" + " lse_t first" * first, body,
-                           {"block": block, "programs_per_sm": programs, "warps": warps, "teacher_lse_first": first})
+                    record(f"rows block {block} programs/SM {programs} warps {warps}", body,
+                           {"block": block, "programs_per_sm": programs, "warps": warps})
                 except Exception as error:  # a configuration the compiler refuses (registers, shared memory)
                     print(f"  block {block} programs {programs} warps {warps}: {type(error).__name__}: {error}"[:300])
     if args.json:

@@ -51,8 +51,8 @@ def _awkward_chunk(rows, vocab, distinct, dtype, generator):
 @pytest.mark.parametrize("indexed", [True, False])
 @pytest.mark.parametrize("need_grad", [True, False])
 def test_the_row_kernel_equals_the_compiled_stages_and_the_eager_terms(dtype, indexed, need_grad):
-    """1,030 rows at a real vocabulary (more rows than programs, and a vocabulary that no block divides), the teacher's
-    log-normalisers in the kernel or before it: the same CE, L1 and hits as the three compiled stages and the eager terms, and the gradient within a rounding of the
+    """1,030 rows at a real vocabulary (more rows than programs, and a vocabulary that no block divides), three grids:
+    the same CE, L1 and hits as the three compiled stages and the eager terms, and the gradient within a rounding of the
     logits' dtype; without ``need_grad`` the logits are left as they were."""
     rows, vocab = 1030, 151936
     z, teacher, labels, weights, index = _awkward_chunk(rows, vocab, 400, dtype, torch.Generator().manual_seed(3))
@@ -62,10 +62,9 @@ def test_the_row_kernel_equals_the_compiled_stages_and_the_eager_terms(dtype, in
     staged = z.clone()
     s_ce, s_l1, s_hit = _fused_terms()(staged, None, *args)
     e_ce, e_l1, e_hit, _, e_grad = dspark_chunk_terms(z.clone(), None, *args)
-    for block, programs, lse_first in ((8192, 1, True), (4096, 2, False), (2048, 0.5, True)):
+    for block, programs in ((8192, 1), (4096, 2), (2048, 0.5)):
         mine = z.clone()
-        ce, l1, hit = dspark_rows_into(mine, None, *args, block=block, programs_per_sm=programs,
-                                       teacher_lse_first=lse_first)
+        ce, l1, hit = dspark_rows_into(mine, None, *args, block=block, programs_per_sm=programs)
         for got, want in ((ce, s_ce), (l1, s_l1), (ce, e_ce), (l1, e_l1)):
             torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
         assert torch.equal(hit, s_hit) and torch.equal(hit, e_hit)

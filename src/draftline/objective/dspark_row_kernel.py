@@ -11,16 +11,15 @@ the row's end back to its start, where the first left off. How much they find th
 For a row with logits ``z`` (the Markov bias already added: unscaled heads only), the teacher's row ``t``, label
 ``y`` and weight ``w``, the arithmetic is ``dspark_head_loss.dspark_chunk_terms``' in fp32:
 
+    before: lse_t, a compiled reduction over the chunk's distinct teacher rows (the first pass need not read them)
     pass 1 (start to end): lse_z (online: a block's maximum, then its exponentials' sum), z[y], and the maxima of
-        z over the row and over the columns before y (the hit test of ``head_loss.label_is_argmax``); lse_t the
-        same way, or (the default) from a compiled reduction over the chunk's distinct teacher rows before the
-        kernel, so that the first pass does not read the teacher
+        z over the row and over the columns before y (the hit test of ``head_loss.label_is_argmax``)
     pass 2 (end to start): L1 = sum |q - p|, <s, q> with q = exp(z - lse_z), p = exp(t - lse_t), s = sign(q - p)
     pass 3 (start to end): dz = w (q (ce_weight + l1_weight (s - <s, q>)) - ce_weight onehot(y)), over z in its
         dtype
 
-The defaults (8,192 columns a step, 32 warps, one program per multiprocessor, lse_t before the kernel) were the
-fastest measured on an H200: 5.8 ms for the chunks of an 8B step against the stages' 8.4, and fewer programs were
+The defaults (8,192 columns a step, 32 warps, one program per multiprocessor) and lse_t before the kernel, rather
+than in its first pass, were the fastest measured on an H200: 5.8 ms for the chunks of an 8B step against the stages' 8.4, and fewer programs were
 slower, not faster (docs/benchmarks/2026-12-dspark-step.md, section 12). Only CUDA runs it (Triton); the tests
 compare it with the compiled stages and the eager loop on the GPU.
 """
@@ -42,8 +41,7 @@ def _kernel():
     @triton.jit
     def dspark_rows(z_ptr, t_ptr, index_ptr, labels_ptr, weights_ptr, lse_t_ptr, ce_ptr, l1_ptr, hit_ptr, rows,
                     stride_z, stride_t, ce_weight, l1_weight, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
-                    NUM_BLOCKS: tl.constexpr, HAS_INDEX: tl.constexpr, LSE_T_GIVEN: tl.constexpr,
-                    NEED_GRAD: tl.constexpr):
+                    NUM_BLOCKS: tl.constexpr, HAS_INDEX: tl.constexpr, NEED_GRAD: tl.constexpr):
         cols = tl.arange(0, BLOCK)
         neg_inf = float("-inf")
         for row in range(tl.program_id(0), rows, tl.num_programs(0)):
@@ -56,11 +54,9 @@ def _kernel():
             label = tl.load(labels_ptr + row).to(tl.int32)
             picked = tl.load(z_row + label).to(tl.float32)
 
-            # pass 1: online log-normalisers of z and t; the maxima of the hit test
+            # pass 1: the online log-normaliser of z; the maxima of the hit test
             max_z = tl.full([], neg_inf, tl.float32)
-            max_t = tl.full([], neg_inf, tl.float32)
             sum_z = tl.zeros((BLOCK,), tl.float32)
-            sum_t = tl.zeros((BLOCK,), tl.float32)
             before = tl.full((BLOCK,), neg_inf, tl.float32)
             for block in range(NUM_BLOCKS):
                 idx = block * BLOCK + cols
@@ -71,16 +67,8 @@ def _kernel():
                 sum_z = tl.where(new_z == neg_inf, 0.0, sum_z * tl.exp(max_z - new_z) + tl.exp(z - new_z))
                 max_z = new_z
                 before = tl.maximum(before, tl.where(idx < label, z, neg_inf))
-                if not LSE_T_GIVEN:
-                    t = tl.load(t_row + idx, mask=inside, other=neg_inf).to(tl.float32)
-                    new_t = tl.maximum(max_t, tl.max(t, 0))
-                    sum_t = tl.where(new_t == neg_inf, 0.0, sum_t * tl.exp(max_t - new_t) + tl.exp(t - new_t))
-                    max_t = new_t
             lse_z = max_z + tl.log(tl.sum(sum_z, 0))
-            if LSE_T_GIVEN:
-                lse_t = tl.load(lse_t_ptr + teacher)
-            else:
-                lse_t = max_t + tl.log(tl.sum(sum_t, 0))
+            lse_t = tl.load(lse_t_ptr + teacher)
             ce = lse_z - picked
             hit = (picked >= max_z) & ((label == 0) | (picked > tl.max(before, 0)))
 
@@ -137,7 +125,7 @@ def takes(dtype: torch.dtype, multiplier: float, softcap: float | None) -> bool:
 
 def dspark_rows_into(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_weight, multiplier, softcap,
                      need_grad, teacher_index=None, *, block: int = 8192, programs_per_sm: float = 1,
-                     num_warps: int = 32, teacher_lse_first: bool = True):
+                     num_warps: int = 32):
     """(CE [R], L1 [R], correct [R]) of one chunk, with ``dz`` written over ``raw`` when ``need_grad``: the
     arguments and results of ``dspark_head_loss.dspark_chunk_terms_into``, for the logits ``takes`` accepts.
 
@@ -145,8 +133,8 @@ def dspark_rows_into(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_
     logits ([R, V], or the chunk's distinct rows with ``teacher_index`` [R] picking each row's), both with unit
     stride along the vocabulary; ``row_weights`` [R] are the rows' weights, not yet normalised. ``block`` columns
     a step of each pass, ``programs_per_sm`` programs per multiprocessor (the rows in flight), ``num_warps`` a
-    program's warps; ``teacher_lse_first``: the teacher rows' log-normalisers by a compiled reduction over the distinct
-    rows before the kernel, which then does not read the teacher's rows in its first pass."""
+    program's warps. The teacher rows' log-normalisers come from a compiled reduction over its distinct rows, before
+    the kernel."""
     if not (raw.is_cuda and bias is None and takes(raw.dtype, multiplier, softcap)):
         raise ValueError("the DSpark row kernel takes CUDA bf16 or fp16 logits, unscaled, with the Markov bias in them")
     if raw.stride(1) != 1 or teacher_raw.stride(1) != 1:
@@ -158,9 +146,8 @@ def dspark_rows_into(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_
     if rows:
         programs = max(1, min(rows, int(programs_per_sm * _multiprocessors(raw.device.index or 0))))
         index = labels if teacher_index is None else teacher_index  # any int tensor: unread without an index
-        lse_t = _teacher_lse()(teacher_raw) if teacher_lse_first else ce  # ce: unread without the flag
-        _kernel()[(programs,)](raw, teacher_raw, index, labels, row_weights.float(), lse_t, ce, l1, hit, rows,
-                               raw.stride(0), teacher_raw.stride(0), float(ce_weight), float(l1_weight), VOCAB=vocab,
-                               BLOCK=block, NUM_BLOCKS=-(-vocab // block), HAS_INDEX=teacher_index is not None,
-                               LSE_T_GIVEN=teacher_lse_first, NEED_GRAD=bool(need_grad), num_warps=num_warps)
+        _kernel()[(programs,)](raw, teacher_raw, index, labels, row_weights.float(), _teacher_lse()(teacher_raw), ce,
+                               l1, hit, rows, raw.stride(0), teacher_raw.stride(0), float(ce_weight), float(l1_weight),
+                               VOCAB=vocab, BLOCK=block, NUM_BLOCKS=-(-vocab // block),
+                               HAS_INDEX=teacher_index is not None, NEED_GRAD=bool(need_grad), num_warps=num_warps)
     return ce, l1, hit.bool()
