@@ -12,8 +12,9 @@ two z's largest difference.
 1,024, a 151,936 vocabulary, 16 slots per anchor, 512 anchors in 3,072 tokens: each chunk's teacher rows are its
 distinct positions, about 0.37 of its rows), given bf16 logits: the compiled stages of
 ``objective.dspark_head_loss`` (and the teacher's log-normalisers) against ``objective.dspark_row_kernel`` at each
-configuration of ``--blocks``, ``--programs`` (per multiprocessor) and ``--warps`` (the teacher's log-normalisers
-taken before it, as the loss takes them). Each timed call starts from the
+configuration of ``--blocks``, ``--programs`` (per multiprocessor), ``--warps``, ``--lanes``, ``--prefetch`` and
+``--evict``
+(the teacher's log-normalisers taken before it, as the loss takes them). Each timed call starts from the
 same logits (a copy, timed apart and taken off); each configuration's CE, L1, hits and gradients are compared with
 the stages'. The bytes column counts one read of the student's logits and of the teacher's distinct rows and one
 write of the gradient: the least a chunk must move.
@@ -22,6 +23,7 @@ write of the gradient: the least a chunk must move.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 
@@ -112,7 +114,16 @@ def main() -> int:
                         help="the kernel's columns per step of a pass (default: %(default)s)")
     parser.add_argument("--programs", type=float, nargs="+", default=[0.5, 1, 2],
                         help="the kernel's programs per multiprocessor (default: %(default)s)")
-    parser.add_argument("--warps", type=int, nargs="+", default=[8, 16], help="warps per program (default: %(default)s)")
+    parser.add_argument("--warps", type=int, nargs="+", default=[16, 32],
+                        help="warps per program (default: %(default)s)")
+    parser.add_argument("--lanes", type=int, nargs="+", default=[0, 1],
+                        help="the first pass's running maximum per lane (1) or per block (0) (default: %(default)s)")
+    parser.add_argument("--prefetch", type=int, nargs="+", default=[0, 1],
+                        help="each pass loads its next block before working on the one in hand (1) or not (0) "
+                             "(default: %(default)s)")
+    parser.add_argument("--evict", type=int, nargs="+", default=[0, 1],
+                        help="L2 eviction hints: keep what a later pass reads again, drop it after its last read (1), "
+                             "or no hints (0) (default: %(default)s)")
     parser.add_argument("--reps", type=int, default=10, help="timed repetitions, median taken (default: %(default)s)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -154,14 +165,18 @@ def main() -> int:
     for block in args.blocks:
         for programs in args.programs:
             for warps in args.warps:
-                def body(*a, block=block, programs=programs, warps=warps):
-                    return dspark_row_kernel.dspark_rows_into(*a, block=block, programs_per_sm=programs,
-                                                              num_warps=warps)
-                try:
-                    record(f"rows block {block} programs/SM {programs} warps {warps}", body,
-                           {"block": block, "programs_per_sm": programs, "warps": warps})
-                except Exception as error:  # a configuration the compiler refuses (registers, shared memory)
-                    print(f"  block {block} programs {programs} warps {warps}: {type(error).__name__}: {error}"[:300])
+                for lanes, prefetch, evict in itertools.product(args.lanes, args.prefetch, args.evict):
+                    config = {"block": block, "programs_per_sm": programs, "num_warps": warps, "lanes": bool(lanes),
+                              "prefetch": bool(prefetch), "evict": bool(evict)}
+
+                    def body(*a, config=config):
+                        return dspark_row_kernel.dspark_rows_into(*a, **config)
+                    name = (f"rows block {block} programs/SM {programs} warps {warps} lanes {lanes} "
+                            f"prefetch {prefetch} evict {evict}")
+                    try:
+                        record(name, body, config)
+                    except Exception as error:  # a configuration the compiler refuses (registers, shared memory)
+                        print(f"  {name}: {type(error).__name__}: {error}"[:300])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": args.rows,

@@ -45,38 +45,59 @@ def _awkward_chunk(rows, vocab, distinct, dtype, generator):
     return [t.cuda() for t in (z.to(dtype), teacher.to(dtype), labels, weights, index)]
 
 
+def _check_against_the_stages(z, args, configurations, dtype):
+    """Each configuration's CE, L1 and hits equal to the compiled stages' and the eager terms', its gradient within a
+    rounding of the logits' dtype; without gradients the logits left as they were."""
+    need_grad = args[7]
+    staged = z.clone()
+    s_ce, s_l1, s_hit = _fused_terms()(staged, None, *args)
+    e_ce, e_l1, e_hit, _, e_grad = dspark_chunk_terms(z.clone(), None, *args)
+    for options in configurations:
+        mine = z.clone()
+        ce, l1, hit = dspark_rows_into(mine, None, *args, **options)
+        for got, want in ((ce, s_ce), (l1, s_l1), (ce, e_ce), (l1, e_l1)):
+            torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
+        assert torch.equal(hit, s_hit) and torch.equal(hit, e_hit), options
+        assert hit[1] and not hit[2] and hit[3]
+        if not need_grad:
+            assert torch.equal(mine, z)
+            continue
+        step = torch.finfo(dtype).eps * staged.float().abs()  # one rounding of each gradient entry
+        assert ((mine.float() - staged.float()).abs() <= step + 1e-30).float().mean() > 0.999, options
+        # rounded to nearest as the stages' are, not truncated: no farther from the fp32 gradient than theirs
+        error = (mine.float() - e_grad).norm() / e_grad.norm()
+        assert error <= 1.05 * (staged.float() - e_grad).norm() / e_grad.norm(), (error, options)
+
+
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("indexed", [True, False])
 @pytest.mark.parametrize("need_grad", [True, False])
 def test_the_row_kernel_equals_the_compiled_stages_and_the_eager_terms(dtype, indexed, need_grad):
-    """1,030 rows at a real vocabulary (more rows than programs, and a vocabulary that no block divides), three grids:
-    the same CE, L1 and hits as the three compiled stages and the eager terms, and the gradient within a rounding of the
-    logits' dtype; without ``need_grad`` the logits are left as they were."""
+    """1,030 rows at a real vocabulary (more rows than programs, and a vocabulary that no block divides), four
+    configurations of the kernel (block, grid, per-lane maxima, loads a block ahead)."""
     rows, vocab = 1030, 151936
     z, teacher, labels, weights, index = _awkward_chunk(rows, vocab, 400, dtype, torch.Generator().manual_seed(3))
     if not indexed:
         teacher, index = teacher[index], None
     args = (teacher, labels, weights, 0.1, 0.9, 1.0, None, need_grad, index)
-    staged = z.clone()
-    s_ce, s_l1, s_hit = _fused_terms()(staged, None, *args)
-    e_ce, e_l1, e_hit, _, e_grad = dspark_chunk_terms(z.clone(), None, *args)
-    for block, programs in ((8192, 1), (4096, 2), (2048, 0.5)):
-        mine = z.clone()
-        ce, l1, hit = dspark_rows_into(mine, None, *args, block=block, programs_per_sm=programs)
-        for got, want in ((ce, s_ce), (l1, s_l1), (ce, e_ce), (l1, e_l1)):
-            torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
-        assert torch.equal(hit, s_hit) and torch.equal(hit, e_hit)
-        assert hit[1] and not hit[2] and hit[3]
-        if not need_grad:
-            assert torch.equal(mine, z)
-            continue
-        step = torch.finfo(dtype).eps * staged.float().abs()  # one rounding of each gradient entry
-        assert ((mine.float() - staged.float()).abs() <= step + 1e-30).float().mean() > 0.999
-        # rounded to nearest as the stages' are, not truncated: no farther from the fp32 gradient than theirs
-        error = (mine.float() - e_grad).norm() / e_grad.norm()
-        assert error <= 1.05 * (staged.float() - e_grad).norm() / e_grad.norm(), error
+    _check_against_the_stages(z, args, [{}, dict(block=8192, programs_per_sm=1, lanes=True, prefetch=False),
+                                        dict(block=4096, programs_per_sm=2, lanes=False, prefetch=True),
+                                        dict(block=2048, programs_per_sm=0.5, lanes=True, prefetch=True)], dtype)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("vocab", [4096, 3000, 300])
+def test_the_row_kernel_at_vocabularies_a_block_divides_or_exceeds(vocab):
+    """A vocabulary of whole blocks (no masked block), one with a partial block, and one smaller than any block
+    asked for (the block shrinks to fit it): every configuration equal to the stages."""
+    z, teacher, labels, weights, index = _awkward_chunk(300, vocab, 40, torch.bfloat16,
+                                                        torch.Generator().manual_seed(4))
+    args = (teacher, labels, weights, 0.1, 0.9, 1.0, None, True, index)
+    _check_against_the_stages(z, args, [dict(block=block, lanes=lanes, prefetch=prefetch) for block in (1024, 8192)
+                                        for lanes in (False, True) for prefetch in (False, True)], torch.bfloat16)
 
 
 @pytest.mark.gpu
