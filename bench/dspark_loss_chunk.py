@@ -1,21 +1,19 @@
-"""DSpark's loss chunks at the step's shape, on one GPU: the logits' matmuls in three ways, and the passes over the
-logits in three compiled stages or in the row kernel.
+"""DSpark's loss chunks at the step's shape, on one GPU: the logits' two matmuls in either order, and the passes
+over the logits in three compiled stages or in the row kernel.
 
     python bench/dspark_loss_chunk.py --json chunk.json
 
-**The logits** (``--hidden``, ``--rank``): a chunk's z = h W^T + l W2^T and its teacher's t W^T in bf16, as the
-head's matmul first with the bias added into its output (``addmm`` with the logits as the sum's input), as the bias
-first with the head's matmul added into it (``dspark_head_loss._logits_and_bias``), each with the teacher's matmul
-apart, or as one matmul over the student's and the teacher's rows in one buffer (``dspark_head_loss._chunk_logits``,
-the code the loss runs); the time of every chunk's and the results' largest differences.
+**The logits** (``--hidden``, ``--rank``): a chunk's z = h W^T + l W2^T in bf16, as the head's matmul first with
+the bias added into its output (``addmm`` with the logits as the sum's input), or the bias first with the head's
+matmul added into it (``dspark_head_loss._logits_and_bias``, the code the loss runs); each chunk's time and the
+two z's largest difference.
 
 **The passes**: the work of one DSpark step's head loss between its matmuls at the 8B shape (8,181 labelled rows in chunks of
 1,024, a 151,936 vocabulary, 16 slots per anchor, 512 anchors in 3,072 tokens: each chunk's teacher rows are its
 distinct positions, about 0.37 of its rows), given bf16 logits: the compiled stages of
 ``objective.dspark_head_loss`` (and the teacher's log-normalisers) against ``objective.dspark_row_kernel`` at each
-configuration of ``--blocks``, ``--programs`` (per multiprocessor), ``--warps``, ``--lanes``, ``--prefetch`` and
-``--evict``
-(the teacher's log-normalisers taken before it, as the loss takes them). Each timed call starts from the
+configuration of ``--blocks``, ``--programs`` (per multiprocessor) and ``--warps`` (the teacher's log-normalisers
+taken before it, as the loss takes them). Each timed call starts from the
 same logits (a copy, timed apart and taken off); each configuration's CE, L1, hits and gradients are compared with
 the stages'. The bytes column counts one read of the student's logits and of the teacher's distinct rows and one
 write of the gradient: the least a chunk must move.
@@ -24,14 +22,13 @@ write of the gradient: the least a chunk must move.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 
 import torch
 
 from draftline.objective import dspark_row_kernel
-from draftline.objective.dspark_head_loss import _chunk_logits, _fused_terms, _logits_and_bias
+from draftline.objective.dspark_head_loss import _fused_terms, _logits_and_bias
 
 
 def _chunks(rows, chunk_rows, vocab, block_size, span, generator, device):
@@ -52,46 +49,32 @@ def _chunks(rows, chunk_rows, vocab, block_size, span, generator, device):
 
 
 def _logits_orders(chunks, hidden, rank, reps, generator):
-    """{way: ms} of forming every chunk's z = h W^T + l W2^T and its teacher's logits t W^T (bf16) in each way, and
-    the largest differences between the ways' results."""
+    """{order: ms} of forming every chunk's z = h W^T + l W2^T (bf16) in each order, and their largest difference."""
     vocab = chunks[0][0].shape[1]
     head = (torch.randn(vocab, hidden, generator=generator) * 0.05).to("cuda", torch.bfloat16)
     w2 = (torch.randn(vocab, rank, generator=generator) * 0.05).to("cuda", torch.bfloat16)
-    inputs = [tuple(torch.randn(n, width, generator=generator).to("cuda", torch.bfloat16)
-                    for n, width in ((c[0].shape[0], hidden), (c[0].shape[0], rank), (c[1].shape[0], hidden)))
-              for c in chunks]
-    results = [None] * len(inputs)
+    inputs = [(torch.randn(c[0].shape[0], hidden, generator=generator).to("cuda", torch.bfloat16),
+               torch.randn(c[0].shape[0], rank, generator=generator).to("cuda", torch.bfloat16)) for c in chunks]
+    scratch = [torch.empty_like(c[0]) for c in chunks]
 
     def head_first():
-        for i, (h, latent, teacher) in enumerate(inputs):
-            z = h @ head.t()
-            results[i] = torch.addmm(z, latent, w2.t(), out=z), teacher @ head.t()
+        for (h, latent), out in zip(inputs, scratch):
+            torch.mm(h, head.t(), out=out)
+            torch.addmm(out, latent, w2.t(), out=out)
 
     def bias_first():
-        for i, (h, latent, teacher) in enumerate(inputs):
-            results[i] = _logits_and_bias(h, latent, head, w2, True)[0], teacher @ head.t()
+        for i, (h, latent) in enumerate(inputs):
+            scratch[i] = _logits_and_bias(h, latent, head, w2, True)[0]
 
-    def one_matmul():
-        for i, (h, latent, teacher) in enumerate(inputs):
-            z, _, t = _chunk_logits(h, latent, teacher, head, w2, True)
-            results[i] = z, t
-
-    ways = {"head first, bias added; teacher apart": head_first, "bias first, head added; teacher apart": bias_first,
-            "student and teacher in one matmul": one_matmul}
-    times, outputs = {}, {}
-    for name, way in ways.items():
-        times[name] = _time(way, reps)
-        way()
-        outputs[name] = list(results)
-    flops = sum(2 * vocab * (h.shape[0] * (hidden + rank) + t.shape[0] * hidden) for h, _, t in inputs)
+    times = {"head first, bias added": _time(head_first, reps), "bias first, head added": _time(bias_first, reps)}
+    head_first()
+    first = [z.clone() for z in scratch]
+    bias_first()
+    worst = max(((a.float() - b.float()).abs().max() / a.float().abs().max()).item() for a, b in zip(first, scratch))
+    flops = sum(2 * h.shape[0] * vocab * (hidden + rank) for h, _ in inputs)
     for name, ms in times.items():
         print(f"  {name:40s} {ms:7.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s")
-    worst = {}
-    first = outputs["head first, bias added; teacher apart"]
-    for name, out in outputs.items():
-        worst[name] = max(max(((a.float() - b.float()).abs().max() / a.float().abs().max()).item()
-                              for a, b in zip(pair_a, pair_b)) for pair_a, pair_b in zip(first, out))
-        print(f"  {name}: largest difference from the first way, relative to the largest |z|: {worst[name]:.1e}")
+    print(f"  the two z's largest difference, relative to the largest |z|: {worst:.1e}")
     return {"ms": times, "flops": flops, "max_relative_difference": worst}
 
 
@@ -129,16 +112,7 @@ def main() -> int:
                         help="the kernel's columns per step of a pass (default: %(default)s)")
     parser.add_argument("--programs", type=float, nargs="+", default=[0.5, 1, 2],
                         help="the kernel's programs per multiprocessor (default: %(default)s)")
-    parser.add_argument("--warps", type=int, nargs="+", default=[16, 32],
-                        help="warps per program (default: %(default)s)")
-    parser.add_argument("--lanes", type=int, nargs="+", default=[0, 1],
-                        help="the first pass's running maximum per lane (1) or per block (0) (default: %(default)s)")
-    parser.add_argument("--prefetch", type=int, nargs="+", default=[0, 1],
-                        help="each pass loads its next block before working on the one in hand (1) or not (0) "
-                             "(default: %(default)s)")
-    parser.add_argument("--evict", type=int, nargs="+", default=[0, 1],
-                        help="L2 eviction hints: keep what a later pass reads again, drop it after its last read (1), "
-                             "or no hints (0) (default: %(default)s)")
+    parser.add_argument("--warps", type=int, nargs="+", default=[8, 16], help="warps per program (default: %(default)s)")
     parser.add_argument("--reps", type=int, default=10, help="timed repetitions, median taken (default: %(default)s)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -154,7 +128,7 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.rows} rows in {len(chunks)} chunks, "
           f"{distinct} distinct teacher rows, V {args.vocab}; the copies {copy_ms:.2f} ms")
 
-    print("the logits (the student's with the Markov bias, the teacher's), every chunk:")
+    print("the logits' two matmuls, every chunk:")
     orders = _logits_orders(chunks, args.hidden, args.rank, args.reps, generator)
     print("the passes over the logits, every chunk:")
     stages = _fused_terms()
@@ -180,18 +154,14 @@ def main() -> int:
     for block in args.blocks:
         for programs in args.programs:
             for warps in args.warps:
-                for lanes, prefetch, evict in itertools.product(args.lanes, args.prefetch, args.evict):
-                    config = {"block": block, "programs_per_sm": programs, "num_warps": warps, "lanes": bool(lanes),
-                              "prefetch": bool(prefetch), "evict": bool(evict)}
-
-                    def body(*a, config=config):
-                        return dspark_row_kernel.dspark_rows_into(*a, **config)
-                    name = (f"rows block {block} programs/SM {programs} warps {warps} lanes {lanes} "
-                            f"prefetch {prefetch} evict {evict}")
-                    try:
-                        record(name, body, config)
-                    except Exception as error:  # a configuration the compiler refuses (registers, shared memory)
-                        print(f"  {name}: {type(error).__name__}: {error}"[:300])
+                def body(*a, block=block, programs=programs, warps=warps):
+                    return dspark_row_kernel.dspark_rows_into(*a, block=block, programs_per_sm=programs,
+                                                              num_warps=warps)
+                try:
+                    record(f"rows block {block} programs/SM {programs} warps {warps}", body,
+                           {"block": block, "programs_per_sm": programs, "warps": warps})
+                except Exception as error:  # a configuration the compiler refuses (registers, shared memory)
+                    print(f"  block {block} programs {programs} warps {warps}: {type(error).__name__}: {error}"[:300])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": args.rows,

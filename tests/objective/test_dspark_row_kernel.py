@@ -75,16 +75,15 @@ def _check_against_the_stages(z, args, configurations, dtype):
 @pytest.mark.parametrize("indexed", [True, False])
 @pytest.mark.parametrize("need_grad", [True, False])
 def test_the_row_kernel_equals_the_compiled_stages_and_the_eager_terms(dtype, indexed, need_grad):
-    """1,030 rows at a real vocabulary (more rows than programs, and a vocabulary that no block divides), four
-    configurations of the kernel (block, grid, per-lane maxima, loads a block ahead)."""
+    """1,030 rows at a real vocabulary (more rows than programs, and a vocabulary that no block divides), three
+    configurations of the kernel (columns a step, programs, warps)."""
     rows, vocab = 1030, 151936
     z, teacher, labels, weights, index = _awkward_chunk(rows, vocab, 400, dtype, torch.Generator().manual_seed(3))
     if not indexed:
         teacher, index = teacher[index], None
     args = (teacher, labels, weights, 0.1, 0.9, 1.0, None, need_grad, index)
-    _check_against_the_stages(z, args, [{}, dict(block=8192, programs_per_sm=1, lanes=True, prefetch=False),
-                                        dict(block=4096, programs_per_sm=2, lanes=False, prefetch=True),
-                                        dict(block=2048, programs_per_sm=0.5, lanes=True, prefetch=True)], dtype)
+    _check_against_the_stages(z, args, [{}, dict(block=4096, programs_per_sm=2, num_warps=16),
+                                        dict(block=2048, programs_per_sm=0.5, num_warps=8)], dtype)
 
 
 @pytest.mark.gpu
@@ -96,8 +95,7 @@ def test_the_row_kernel_at_vocabularies_a_block_divides_or_exceeds(vocab):
     z, teacher, labels, weights, index = _awkward_chunk(300, vocab, 40, torch.bfloat16,
                                                         torch.Generator().manual_seed(4))
     args = (teacher, labels, weights, 0.1, 0.9, 1.0, None, True, index)
-    _check_against_the_stages(z, args, [dict(block=block, lanes=lanes, prefetch=prefetch) for block in (1024, 8192)
-                                        for lanes in (False, True) for prefetch in (False, True)], torch.bfloat16)
+    _check_against_the_stages(z, args, [dict(block=1024), dict(block=8192)], torch.bfloat16)
 
 
 @pytest.mark.gpu

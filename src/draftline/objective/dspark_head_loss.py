@@ -96,22 +96,6 @@ def _logits_and_bias(h, latent, weight, w2, unscaled):
     return h.to(weight.dtype) @ weight.t(), bias
 
 
-def _chunk_logits(h, latent, teacher, weight, w2, unscaled):
-    """(student's raw logits, Markov bias or None, teacher's raw logits) of one chunk, in the head's dtype. Unscaled,
-    the student's rows and the teacher's distinct rows share one buffer and one matmul: the bias is written over the
-    student's rows, zeros over the teacher's, and ``[h; t] W^T`` is added into it, so the teacher's rows (about 0.37
-    of the student's) ride in the larger matmul instead of one of their own; each value is rounded once, as in
-    ``_logits_and_bias`` and a plain matmul. Scaled logits take ``_logits_and_bias`` and a matmul of the teacher's."""
-    if not unscaled:
-        return *_logits_and_bias(h, latent, weight, w2, False), teacher.to(weight.dtype) @ weight.t()
-    rows = h.shape[0]
-    out = torch.empty(rows + teacher.shape[0], weight.shape[0], dtype=weight.dtype, device=weight.device)
-    torch.mm(latent, w2.t(), out=out[:rows])
-    out[rows:].zero_()
-    torch.addmm(out, torch.cat([h.to(weight.dtype), teacher.to(weight.dtype)]), weight.t(), out=out)
-    return out[:rows], None, out[rows:]
-
-
 def _student_logits(raw, bias, multiplier, softcap):
     """(z, tanh of the softcap or None), fp32, recomputed from the bf16 buffers by each stage below rather than kept.
     ``bias`` None: ``raw`` holds z already (unscaled logits with the Markov bias added in the head's matmul)."""
@@ -302,7 +286,8 @@ class _DSparkHeadLoss(torch.autograd.Function):
                 chunk_teacher = teacher[teacher_offsets[chunk] : teacher_offsets[chunk + 1]]
                 pick = teacher_index[start:end]
             if body is not None:
-                raw, bias, teacher_raw = _chunk_logits(hidden[start:end], lat, chunk_teacher, head, w2_mm, unscaled)
+                raw, bias = _logits_and_bias(hidden[start:end], lat, head, w2_mm, unscaled)
+                teacher_raw = chunk_teacher.to(mm) @ head.t()
                 ce, l1, correct[start:end] = body(raw, bias, teacher_raw, label, weights, ce_weight, l1_weight,
                                                   multiplier, softcap, need_grad, pick)
                 del teacher_raw

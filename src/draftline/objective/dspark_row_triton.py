@@ -1,9 +1,8 @@
 """The Triton kernel of ``objective.dspark_row_kernel`` (imported on CUDA only: Triton comes with CUDA builds of torch).
 
 One program takes rows ``pid, pid + programs, ...`` and passes over each three times in blocks of ``BLOCK`` columns:
-the whole blocks without a mask, then the row's last, partial block with one. With ``PREFETCH`` each pass loads its
-next whole block before it works on the one in hand, so that a thread has two blocks' loads in flight. The arithmetic,
-pass by pass, is in ``objective.dspark_row_kernel``'s docstring.
+the whole blocks without a mask, then the row's last, partial block with one. The arithmetic, pass by pass, is in
+``objective.dspark_row_kernel``'s docstring.
 """
 
 import triton
@@ -14,22 +13,18 @@ NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
 
 
 @triton.jit
-def load_row(row, idx, VOCAB: tl.constexpr, MASKED: tl.constexpr, KEEP: tl.constexpr):
-    """A block of a row's logits in their dtype; past the vocabulary (``MASKED``: the row's last, partial block)
-    -inf. ``KEEP``: L2's eviction hint ('evict_last' for a block read again, 'evict_first' for its last read)."""
+def load_row(row, idx, VOCAB: tl.constexpr, MASKED: tl.constexpr):
+    """A block of a row's logits in fp32; past the vocabulary (``MASKED``: the row's last, partial block) -inf."""
     if MASKED:
-        return tl.load(row + idx, mask=idx < VOCAB, other=NEG_INF, eviction_policy=KEEP)
-    return tl.load(row + idx, eviction_policy=KEEP)
+        return tl.load(row + idx, mask=idx < VOCAB, other=NEG_INF).to(tl.float32)
+    return tl.load(row + idx).to(tl.float32)
 
 
 @triton.jit
-def normaliser_step(z, idx, label, max_z, sum_z, before, LANES: tl.constexpr):
-    """Pass 1 over one block of z (fp32): the running maximum (each lane's with ``LANES``, else the block's), the sum
-    of exponentials rescaled to it, and the maxima of the columns before the label."""
-    if LANES:
-        new_z = tl.maximum(max_z, z)
-    else:
-        new_z = tl.maximum(max_z, tl.max(z, 0))
+def normaliser_step(z, idx, label, max_z, sum_z, before):
+    """Pass 1 over one block of z: each lane's running maximum, its sum of exponentials rescaled to it, and the maxima
+    of the columns before the label. No reduction across the program until the row's end."""
+    new_z = tl.maximum(max_z, z)
     # a maximum still -inf has no exponentials to rescale: exp(-inf - -inf) would be NaN
     sum_z = tl.where(new_z == NEG_INF, 0.0, sum_z * tl.exp2((max_z - new_z) * LOG2E) + tl.exp2((z - new_z) * LOG2E))
     before = tl.maximum(before, tl.where(idx < label, z, NEG_INF))
@@ -62,14 +57,11 @@ def gradient(z, t, idx, lse2_z, lse2_t, label, weight, sign_q, ce_weight, l1_wei
 @triton.jit
 def dspark_rows(z_ptr, t_ptr, index_ptr, labels_ptr, weights_ptr, lse_t_ptr, ce_ptr, l1_ptr, hit_ptr, rows,
                 stride_z, stride_t, ce_weight, l1_weight, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
-                HAS_INDEX: tl.constexpr, NEED_GRAD: tl.constexpr, LANES: tl.constexpr, PREFETCH: tl.constexpr,
-                EVICT: tl.constexpr):
+                HAS_INDEX: tl.constexpr, NEED_GRAD: tl.constexpr):
     FULL: tl.constexpr = VOCAB // BLOCK  # whole blocks (at least one); then one masked block if BLOCK does not divide
     TAIL: tl.constexpr = VOCAB % BLOCK != 0
     cols = tl.arange(0, BLOCK)
     tail = FULL * BLOCK + cols
-    AGAIN: tl.constexpr = "evict_last" if EVICT else ""  # the hints of the first two passes' loads
-    LAST: tl.constexpr = "evict_first" if EVICT else ""  # and of the third's loads and stores
     for row in range(tl.program_id(0), rows, tl.num_programs(0)):
         z_row = z_ptr + tl.cast(row, tl.int64) * stride_z
         if HAS_INDEX:
@@ -81,30 +73,18 @@ def dspark_rows(z_ptr, t_ptr, index_ptr, labels_ptr, weights_ptr, lse_t_ptr, ce_
         picked = tl.load(z_row + label).to(tl.float32)
 
         # pass 1: the online log-normaliser of z; the maxima of the hit test
-        if LANES:
-            max_z = tl.full((BLOCK,), NEG_INF, tl.float32)
-        else:
-            max_z = tl.full([], NEG_INF, tl.float32)
+        max_z = tl.full((BLOCK,), NEG_INF, tl.float32)
         sum_z = tl.zeros((BLOCK,), tl.float32)
         before = tl.full((BLOCK,), NEG_INF, tl.float32)
-        if PREFETCH:
-            next_z = load_row(z_row, cols, VOCAB, False, AGAIN)
         for block in range(FULL):
-            if PREFETCH:
-                z = next_z
-                next_z = load_row(z_row, tl.minimum(block + 1, FULL - 1) * BLOCK + cols, VOCAB, False, AGAIN)
-            else:
-                z = load_row(z_row, block * BLOCK + cols, VOCAB, False, AGAIN)
-            max_z, sum_z, before = normaliser_step(z.to(tl.float32), block * BLOCK + cols, label, max_z, sum_z,
-                                                   before, LANES)
+            idx = block * BLOCK + cols
+            max_z, sum_z, before = normaliser_step(load_row(z_row, idx, VOCAB, False), idx, label, max_z, sum_z,
+                                                   before)
         if TAIL:
-            max_z, sum_z, before = normaliser_step(load_row(z_row, tail, VOCAB, True, AGAIN).to(tl.float32), tail, label,
-                                                   max_z, sum_z, before, LANES)
-        if LANES:
-            row_max = tl.max(max_z, 0)
-            sum_z = tl.where(max_z == NEG_INF, 0.0, sum_z * tl.exp2((max_z - row_max) * LOG2E))
-        else:
-            row_max = max_z
+            max_z, sum_z, before = normaliser_step(load_row(z_row, tail, VOCAB, True), tail, label, max_z, sum_z,
+                                                   before)
+        row_max = tl.max(max_z, 0)
+        sum_z = tl.where(max_z == NEG_INF, 0.0, sum_z * tl.exp2((max_z - row_max) * LOG2E))
         lse_z = row_max + tl.log(tl.sum(sum_z, 0))
         lse2_z = lse_z * LOG2E
         lse2_t = tl.load(lse_t_ptr + teacher) * LOG2E
@@ -115,24 +95,12 @@ def dspark_rows(z_ptr, t_ptr, index_ptr, labels_ptr, weights_ptr, lse_t_ptr, ce_
         l1_sum = tl.zeros((BLOCK,), tl.float32)
         sq_sum = tl.zeros((BLOCK,), tl.float32)
         if TAIL:
-            l1_sum, sq_sum = distance_step(load_row(z_row, tail, VOCAB, True, AGAIN).to(tl.float32),
-                                           load_row(t_row, tail, VOCAB, True, AGAIN).to(tl.float32), lse2_z, lse2_t,
-                                           l1_sum, sq_sum)
-        if PREFETCH:
-            next_z = load_row(z_row, (FULL - 1) * BLOCK + cols, VOCAB, False, AGAIN)
-            next_t = load_row(t_row, (FULL - 1) * BLOCK + cols, VOCAB, False, AGAIN)
+            l1_sum, sq_sum = distance_step(load_row(z_row, tail, VOCAB, True), load_row(t_row, tail, VOCAB, True),
+                                           lse2_z, lse2_t, l1_sum, sq_sum)
         for back in range(FULL):
             idx = (FULL - 1 - back) * BLOCK + cols
-            if PREFETCH:
-                z = next_z
-                t = next_t
-                ahead = tl.maximum(FULL - 2 - back, 0) * BLOCK + cols
-                next_z = load_row(z_row, ahead, VOCAB, False, AGAIN)
-                next_t = load_row(t_row, ahead, VOCAB, False, AGAIN)
-            else:
-                z = load_row(z_row, idx, VOCAB, False, AGAIN)
-                t = load_row(t_row, idx, VOCAB, False, AGAIN)
-            l1_sum, sq_sum = distance_step(z.to(tl.float32), t.to(tl.float32), lse2_z, lse2_t, l1_sum, sq_sum)
+            l1_sum, sq_sum = distance_step(load_row(z_row, idx, VOCAB, False), load_row(t_row, idx, VOCAB, False),
+                                           lse2_z, lse2_t, l1_sum, sq_sum)
         l1 = tl.sum(l1_sum, 0)
         sign_q = tl.sum(sq_sum, 0)
         tl.store(ce_ptr + row, ce)
@@ -142,25 +110,12 @@ def dspark_rows(z_ptr, t_ptr, index_ptr, labels_ptr, weights_ptr, lse_t_ptr, ce_
         # pass 3: the gradient, over z
         if NEED_GRAD:
             weight = tl.load(weights_ptr + row).to(tl.float32)
-            if PREFETCH:
-                next_z = load_row(z_row, cols, VOCAB, False, LAST)
-                next_t = load_row(t_row, cols, VOCAB, False, LAST)
             for block in range(FULL):
                 idx = block * BLOCK + cols
-                if PREFETCH:
-                    z = next_z
-                    t = next_t
-                    ahead = tl.minimum(block + 1, FULL - 1) * BLOCK + cols
-                    next_z = load_row(z_row, ahead, VOCAB, False, LAST)
-                    next_t = load_row(t_row, ahead, VOCAB, False, LAST)
-                else:
-                    z = load_row(z_row, idx, VOCAB, False, LAST)
-                    t = load_row(t_row, idx, VOCAB, False, LAST)
-                grad = gradient(z.to(tl.float32), t.to(tl.float32), idx, lse2_z, lse2_t, label, weight, sign_q,
-                                ce_weight, l1_weight)
-                tl.store(z_row + idx, grad.to(z_ptr.dtype.element_ty), eviction_policy=LAST)
+                grad = gradient(load_row(z_row, idx, VOCAB, False), load_row(t_row, idx, VOCAB, False), idx, lse2_z,
+                                lse2_t, label, weight, sign_q, ce_weight, l1_weight)
+                tl.store(z_row + idx, grad.to(z_ptr.dtype.element_ty))
             if TAIL:
-                grad = gradient(load_row(z_row, tail, VOCAB, True, LAST).to(tl.float32),
-                                load_row(t_row, tail, VOCAB, True, LAST).to(tl.float32), tail, lse2_z, lse2_t, label,
-                                weight, sign_q, ce_weight, l1_weight)
-                tl.store(z_row + tail, grad.to(z_ptr.dtype.element_ty), mask=tail < VOCAB, eviction_policy=LAST)
+                grad = gradient(load_row(z_row, tail, VOCAB, True), load_row(t_row, tail, VOCAB, True), tail, lse2_z,
+                                lse2_t, label, weight, sign_q, ce_weight, l1_weight)
+                tl.store(z_row + tail, grad.to(z_ptr.dtype.element_ty), mask=tail < VOCAB)
