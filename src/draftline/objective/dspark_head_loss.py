@@ -36,7 +36,7 @@ CPU runs (the fp32 logits, log-softmax, distributions, their difference and sign
 Where the kernel takes the logits (CUDA, a bf16 or fp16 head, unscaled: ``dspark_row_kernel.takes``), the three
 stages' work runs instead in one Triton kernel whose programs each hold a row through its three passes, so that
 the second and third can read it from L2 (``objective.dspark_row_kernel``): at the 8B
-step's 8,181 rows, 5.8 ms against the stages' 8.4 on an H200 (docs/benchmarks/2026-12-dspark-step.md, section 12).
+step's 8,181 rows, 5.1 ms against the stages' 8.7 on an H100 (docs/benchmarks/2026-12-dspark-step.md, section 13).
 It allocates nothing of ``[R, V]``.
 
 Overlapping blocks share teacher rows (slot k of anchor p reads the target at p + k): given each chunk's distinct

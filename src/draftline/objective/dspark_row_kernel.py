@@ -23,9 +23,10 @@ Each pass takes whole blocks of ``block`` columns without a mask, then the row's
 (``objective.dspark_row_triton``, the kernel itself), and the exponentials are taken in base 2 (one FMA before each).
 
 The defaults (8,192 columns a step, 32 warps, one program per multiprocessor) and lse_t before the kernel, rather
-than in its first pass, were the fastest measured on an H200: 5.8 ms for the chunks of an 8B step against the stages' 8.4, and fewer programs were
-slower, not faster (docs/benchmarks/2026-12-dspark-step.md, section 12). Only CUDA runs it (Triton); the tests
-compare it with the compiled stages and the eager loop on the GPU.
+than in its first pass, were the fastest measured: 5.1 ms for the chunks of an 8B step against the stages' 8.7 on an
+H100 (docs/benchmarks/2026-12-dspark-step.md, sections 12-13). Fewer programs were slower, not faster, and neither
+loads a block ahead nor L2 eviction hints gained more. Only CUDA runs it (Triton); the tests compare it with the
+compiled stages and the eager loop on the GPU.
 """
 
 from __future__ import annotations
