@@ -12,9 +12,8 @@ two z's largest difference.
 1,024, a 151,936 vocabulary, 16 slots per anchor, 512 anchors in 3,072 tokens: each chunk's teacher rows are its
 distinct positions, about 0.37 of its rows), given bf16 logits: the compiled stages of
 ``objective.dspark_head_loss`` (and the teacher's log-normalisers) against ``objective.dspark_row_kernel`` at each
-configuration of ``--blocks``, ``--programs`` (per multiprocessor), ``--warps`` and ``--teams`` (programs to a
-row; with ``--split`` their passes in three launches too; the teacher's log-normalisers taken before it, as the loss
-takes them). Each timed call starts from the
+configuration of ``--blocks``, ``--programs`` (per multiprocessor) and ``--warps`` (the teacher's log-normalisers
+taken before it, as the loss takes them). Each timed call starts from the
 same logits (a copy, timed apart and taken off); each configuration's CE, L1, hits and gradients are compared with
 the stages'. The bytes column counts one read of the student's logits and of the teacher's distinct rows and one
 write of the gradient: the least a chunk must move.
@@ -114,10 +113,6 @@ def main() -> int:
     parser.add_argument("--programs", type=float, nargs="+", default=[0.5, 1, 2],
                         help="the kernel's programs per multiprocessor (default: %(default)s)")
     parser.add_argument("--warps", type=int, nargs="+", default=[8, 16], help="warps per program (default: %(default)s)")
-    parser.add_argument("--teams", type=int, nargs="+", default=[1],
-                        help="programs to a row, each over its slice of the columns: 1, 2, 4 or 8 (default: %(default)s)")
-    parser.add_argument("--split", action="store_true",
-                        help="also time each team of more than one program with its three passes in three launches")
     parser.add_argument("--reps", type=int, default=10, help="timed repetitions, median taken (default: %(default)s)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -159,19 +154,14 @@ def main() -> int:
     for block in args.blocks:
         for programs in args.programs:
             for warps in args.warps:
-                for team in args.teams:
-                    for split in (False, True) if args.split and team > 1 else (False,):
-                        options = {"block": block, "programs_per_sm": programs, "num_warps": warps, "team": team,
-                                   "split": split}
-
-                        def body(*a, options=options):
-                            return dspark_row_kernel.dspark_rows_into(*a, **options)
-                        name = (f"rows block {block} programs/SM {programs} warps {warps} team {team}"
-                                + (" split" if split else ""))
-                        try:
-                            record(name, body, options)
-                        except Exception as error:  # a configuration the compiler or the launch refuses
-                            print(f"  {name}: {type(error).__name__}: {error}"[:300])
+                def body(*a, block=block, programs=programs, warps=warps):
+                    return dspark_row_kernel.dspark_rows_into(*a, block=block, programs_per_sm=programs,
+                                                              num_warps=warps)
+                try:
+                    record(f"rows block {block} programs/SM {programs} warps {warps}", body,
+                           {"block": block, "programs_per_sm": programs, "warps": warps})
+                except Exception as error:  # a configuration the compiler refuses (registers, shared memory)
+                    print(f"  block {block} programs {programs} warps {warps}: {type(error).__name__}: {error}"[:300])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": args.rows,

@@ -75,17 +75,15 @@ def _check_against_the_stages(z, args, configurations, dtype):
 @pytest.mark.parametrize("indexed", [True, False])
 @pytest.mark.parametrize("need_grad", [True, False])
 def test_the_row_kernel_equals_the_compiled_stages_and_the_eager_terms(dtype, indexed, need_grad):
-    """1,030 rows at a real vocabulary (more rows than programs, and a vocabulary that no block divides), six
-    configurations of the kernel (columns a step, programs, warps; programs to a row, waiting for each other or in
-    three launches)."""
+    """1,030 rows at a real vocabulary (more rows than programs, and a vocabulary that no block divides), three
+    configurations of the kernel (columns a step, programs, warps)."""
     rows, vocab = 1030, 151936
     z, teacher, labels, weights, index = _awkward_chunk(rows, vocab, 400, dtype, torch.Generator().manual_seed(3))
     if not indexed:
         teacher, index = teacher[index], None
     args = (teacher, labels, weights, 0.1, 0.9, 1.0, None, need_grad, index)
     _check_against_the_stages(z, args, [{}, dict(block=4096, programs_per_sm=2, num_warps=16),
-                                        dict(block=2048, programs_per_sm=0.5, num_warps=8), dict(team=2),
-                                        dict(team=4, block=4096, num_warps=16), dict(team=4, split=True)], dtype)
+                                        dict(block=2048, programs_per_sm=0.5, num_warps=8)], dtype)
 
 
 @pytest.mark.gpu
@@ -93,13 +91,11 @@ def test_the_row_kernel_equals_the_compiled_stages_and_the_eager_terms(dtype, in
 @pytest.mark.parametrize("vocab", [4096, 3000, 300])
 def test_the_row_kernel_at_vocabularies_a_block_divides_or_exceeds(vocab):
     """A vocabulary of whole blocks (no masked block), one with a partial block, and one smaller than any block
-    asked for (the block shrinks to fit it); teams whose members' slices end in a partial block, and at 300 columns
-    shared by 8, members with nothing: every configuration equal to the stages."""
+    asked for (the block shrinks to fit it): every configuration equal to the stages."""
     z, teacher, labels, weights, index = _awkward_chunk(300, vocab, 40, torch.bfloat16,
                                                         torch.Generator().manual_seed(4))
     args = (teacher, labels, weights, 0.1, 0.9, 1.0, None, True, index)
-    _check_against_the_stages(z, args, [dict(block=1024), dict(block=8192), dict(team=4, block=1024),
-                                        dict(team=8, block=8192)], torch.bfloat16)
+    _check_against_the_stages(z, args, [dict(block=1024), dict(block=8192)], torch.bfloat16)
 
 
 @pytest.mark.gpu

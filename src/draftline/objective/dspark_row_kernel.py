@@ -62,48 +62,32 @@ def takes(dtype: torch.dtype, multiplier: float, softcap: float | None) -> bool:
     return dtype in (torch.bfloat16, torch.float16) and multiplier == 1.0 and not softcap
 
 
-def slice_width(vocab: int, team: int) -> int:
-    """Columns of each team member's slice of a row: the vocabulary shared as evenly as slices of whole 64-column
-    groups allow (each slice starts 128-byte aligned in bf16), the last member's cut at the vocabulary."""
-    return -(-vocab // (team * 64)) * 64
-
-
 def dspark_rows_into(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_weight, multiplier, softcap,
                      need_grad, teacher_index=None, *, block: int = 8192, programs_per_sm: float = 1,
-                     num_warps: int = 32, team: int = 1, split: bool = False):
+                     num_warps: int = 32):
     """(CE [R], L1 [R], correct [R]) of one chunk, with ``dz`` written over ``raw`` when ``need_grad``: the
     arguments and results of ``dspark_head_loss.dspark_chunk_terms_into``, for the logits ``takes`` accepts.
 
     ``raw`` [R, V] holds z (the head's unscaled logits with the Markov bias added), ``teacher_raw`` the teacher's
     logits ([R, V], or the chunk's distinct rows with ``teacher_index`` [R] picking each row's), both with unit
     stride along the vocabulary; ``row_weights`` [R] are the rows' weights, not yet normalised. ``block`` columns
-    a step of each pass, ``programs_per_sm`` programs per multiprocessor, ``num_warps`` a program's warps, ``team``
-    programs to a row (1, 2, 4 or 8), each over its slice of the columns, waiting for each other between the passes
-    (a cooperative launch: the grid must fit the GPU at once); ``split``: the three passes in three launches, no
-    member waiting. The teacher rows' log-normalisers come from a compiled reduction over its distinct rows, before
+    a step of each pass, ``programs_per_sm`` programs per multiprocessor (the rows in flight), ``num_warps`` a
+    program's warps. The teacher rows' log-normalisers come from a compiled reduction over its distinct rows, before
     the kernel."""
     if not (raw.is_cuda and bias is None and takes(raw.dtype, multiplier, softcap)):
         raise ValueError("the DSpark row kernel takes CUDA bf16 or fp16 logits, unscaled, with the Markov bias in them")
     if raw.stride(1) != 1 or teacher_raw.stride(1) != 1:
         raise ValueError("the logits must be contiguous along the vocabulary")
-    if team not in (1, 2, 4, 8):
-        raise ValueError(f"the row kernel's team is 1, 2, 4 or 8 programs to a row, got {team}")
     rows, vocab = raw.shape
     ce = torch.empty(rows, dtype=torch.float32, device=raw.device)
     l1 = torch.empty_like(ce)
     hit = torch.empty(rows, dtype=torch.int8, device=raw.device)
     if rows:
-        teams = max(1, min(rows, int(programs_per_sm * _multiprocessors(raw.device.index or 0)) // team))
-        width = slice_width(vocab, team)
-        block = min(block, 1 << (width.bit_length() - 1))  # at least one whole block in a slice
+        programs = max(1, min(rows, int(programs_per_sm * _multiprocessors(raw.device.index or 0))))
+        block = min(block, 1 << (vocab.bit_length() - 1))  # at least one whole block
         index = labels if teacher_index is None else teacher_index  # any int tensor: unread without an index
-        parts = torch.empty(rows * team * 6, dtype=torch.float32, device=raw.device)
-        counts = torch.zeros(rows, dtype=torch.int32, device=raw.device)
-        lse_t, weights = _teacher_lse()(teacher_raw), row_weights.float()
-        for first, last in ((1, 1), (2, 2), (3, 3)) if split else ((1, 3),):
-            _kernel()[(teams * team,)](
-                raw, teacher_raw, index, labels, weights, lse_t, ce, l1, hit, parts, counts, rows,
-                raw.stride(0), teacher_raw.stride(0), float(ce_weight), float(l1_weight), VOCAB=vocab, BLOCK=block,
-                TEAM=team, SLICE=width, FIRST=first, LAST=last, HAS_INDEX=teacher_index is not None,
-                NEED_GRAD=bool(need_grad), num_warps=num_warps, launch_cooperative_grid=team > 1 and not split)
+        _kernel()[(programs,)](raw, teacher_raw, index, labels, row_weights.float(), _teacher_lse()(teacher_raw), ce,
+                               l1, hit, rows, raw.stride(0), teacher_raw.stride(0), float(ce_weight), float(l1_weight),
+                               VOCAB=vocab, BLOCK=block, HAS_INDEX=teacher_index is not None,
+                               NEED_GRAD=bool(need_grad), num_warps=num_warps)
     return ce, l1, hit.bool()
