@@ -61,11 +61,13 @@ class DSparkLoss:
     """L1 distance between the drafter's and the target's distributions (twice their total variation)."""
     confidence_weight: float = 1.0
     """Binary cross-entropy of the confidence head against the slot's expected acceptance."""
-    chunk_rows: int = 1024
+    chunk_rows: int = 2048
     """Labelled rows whose full-vocabulary logits exist at once: on CUDA ``FUSED_BYTES_PER_LOGIT`` (6) x rows x
-    vocab bytes with a bf16 head (1.4 GiB at 1,024 rows and a 248K vocabulary; ``objective.dspark_head_loss``).
-    At the 8B shape 512 rows took the step's peak 0.25 GiB lower and its time 1% higher (H200,
-    docs/benchmarks/2026-12-dspark-step.md): 1,024 stays."""
+    vocab bytes with a bf16 head at most (2.8 GiB at 2,048 rows and a 248K vocabulary;
+    ``objective.dspark_head_loss``). At the 8B shape on an H100 (docs/benchmarks/2026-12-dspark-step.md, section
+    14) the step took 156.7-158.2 ms at 2,048 rows against 160.3-161.0 at 1,024, 158.3 at 3,072 and 158.0 at
+    4,096; its peak 20.14 GiB against 20.03, 20.51 and 20.89: 2,048 is the default. Fewer chunks mean fewer of the
+    Markov weight's fp32 gradient sums and larger matmuls."""
     row_kernel: bool = True
     """On CUDA, with a bf16 or fp16 head's unscaled logits: each chunk's three passes over the logits in one Triton kernel
     that holds a row through them (``objective.dspark_row_kernel``); False: three compiled stages, each reading the

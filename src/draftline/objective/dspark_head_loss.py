@@ -367,7 +367,7 @@ def dspark_head_loss(
     *,
     ce_weight: float = 0.1,
     l1_weight: float = 0.9,
-    chunk_rows: int = 1024,
+    chunk_rows: int = 2048,
     multiplier: float = 1.0,
     softcap: float | None = None,
     fused: bool | None = None,
@@ -406,7 +406,7 @@ def dspark_head_loss(
 
 @torch.no_grad()
 def dspark_row_ce(hidden: torch.Tensor, latent: torch.Tensor, w2: torch.Tensor, head_weight: torch.Tensor,
-                  labels: torch.Tensor, *, chunk_rows: int = 1024, multiplier: float = 1.0,
+                  labels: torch.Tensor, *, chunk_rows: int = 2048, multiplier: float = 1.0,
                   softcap: float | None = None) -> torch.Tensor:
     """Each labelled row's cross-entropy of the Markov-corrected logits, ``logsumexp(z) - z[y]`` [M] (fp32; fp64 for an
     fp64 head), without gradients: the input of weights that depend on a whole block's rows (D-PACE,
