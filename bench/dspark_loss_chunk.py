@@ -8,9 +8,9 @@ the bias added into its output (``addmm`` with the logits as the sum's input), o
 matmul added into it (``dspark_head_loss._logits_and_bias``, the code the loss runs); each chunk's time and the
 two z's largest difference.
 
-**The passes**: the work of one DSpark step's head loss between its matmuls at the 8B shape (8,181 labelled rows in chunks of
-1,024, a 151,936 vocabulary, 16 slots per anchor, 512 anchors in 3,072 tokens: each chunk's teacher rows are its
-distinct positions, about 0.37 of its rows), given bf16 logits: the compiled stages of
+**The passes**: the work of one DSpark step's head loss between its matmuls at the 8B shape (8,181 labelled rows in the
+loss's chunks, ``DSparkLoss.chunk_rows`` unless ``--chunk-rows`` says otherwise; a 151,936 vocabulary, 16 slots per
+anchor, 512 anchors in 3,072 tokens: each chunk's teacher rows are its distinct positions, about 0.37 of its rows), given bf16 logits: the compiled stages of
 ``objective.dspark_head_loss`` (and the teacher's log-normalisers) against ``objective.dspark_row_kernel`` at each
 configuration of ``--blocks``, ``--programs`` (per multiprocessor) and ``--warps`` (the teacher's log-normalisers
 taken before it, as the loss takes them). Each timed call starts from the
@@ -28,6 +28,7 @@ import sys
 import torch
 
 from draftline.objective import dspark_row_kernel
+from draftline.objective.dspark import DSparkLoss
 from draftline.objective.dspark_head_loss import _fused_terms, _logits_and_bias
 
 
@@ -104,7 +105,9 @@ def _time(fn, reps):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=8181, help="labelled rows a step (default: %(default)s)")
-    parser.add_argument("--chunk-rows", type=int, default=1024, help="rows per loss chunk (default: %(default)s)")
+    parser.add_argument("--chunk-rows", type=int, default=DSparkLoss.chunk_rows,
+                        help="rows per loss chunk (default: the loss's, %(default)s; the reports before 2,048 became "
+                             "the loss's default ran 1,024)")
     parser.add_argument("--vocab", type=int, default=151936, help="vocabulary (default: %(default)s)")
     parser.add_argument("--hidden", type=int, default=4096, help="hidden size of the logits' matmul (default: %(default)s)")
     parser.add_argument("--rank", type=int, default=256, help="Markov rank (default: %(default)s)")
@@ -112,7 +115,8 @@ def main() -> int:
                         help="the kernel's columns per step of a pass (default: %(default)s)")
     parser.add_argument("--programs", type=float, nargs="+", default=[0.5, 1, 2],
                         help="the kernel's programs per multiprocessor (default: %(default)s)")
-    parser.add_argument("--warps", type=int, nargs="+", default=[8, 16], help="warps per program (default: %(default)s)")
+    parser.add_argument("--warps", type=int, nargs="+", default=[16, 32],
+                        help="warps per program (default: %(default)s)")
     parser.add_argument("--reps", type=int, default=10, help="timed repetitions, median taken (default: %(default)s)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
