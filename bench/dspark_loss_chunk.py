@@ -17,6 +17,10 @@ taken before it, as the loss takes them). Each timed call starts from the
 same logits (a copy, timed apart and taken off); each configuration's CE, L1, hits and gradients are compared with
 the stages'. The bytes column counts one read of the student's logits and of the teacher's distinct rows and one
 write of the gradient: the least a chunk must move.
+
+**The teacher's log-normalisers** of every chunk's distinct rows: ``torch.logsumexp`` compiled (the loss's before
+``dspark_row_kernel.rows_logsumexp``) against that kernel at each ``--lse-programs`` and ``--lse-warps``, with the
+largest difference from ``torch.logsumexp`` in fp32 and the rate of one read.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 from draftline.objective import dspark_row_kernel
 from draftline.objective.dspark import DSparkLoss
 from draftline.objective.dspark_head_loss import _fused_terms, _logits_and_bias
+from draftline.objective.head_loss import compile_over_rows
 
 
 def _chunks(rows, chunk_rows, vocab, block_size, span, generator, device):
@@ -79,6 +84,26 @@ def _logits_orders(chunks, hidden, rank, reps, generator):
     return {"ms": times, "flops": flops, "max_relative_difference": worst}
 
 
+def _teacher_normalisers(chunks, programs, warps, reps):
+    """[{name, ms, TB/s, difference}] of the teacher's log-normalisers over every chunk, compiled and in the kernel."""
+    teachers = [c[1] for c in chunks]
+    want = [torch.logsumexp(t.float(), dim=-1) for t in teachers]
+    read = sum(t.numel() * t.element_size() for t in teachers)
+    compiled = compile_over_rows(lambda teacher: torch.logsumexp(teacher.float(), dim=-1))
+    bodies = {"torch.logsumexp compiled": compiled}
+    for p in programs:
+        for w in warps:
+            bodies[f"rows_logsumexp programs/SM {p} warps {w}"] = (
+                lambda t, p=p, w=w: dspark_row_kernel.rows_logsumexp(t, programs_per_sm=p, num_warps=w))
+    rows = []
+    for name, body in bodies.items():
+        ms = _time(lambda: [body(t) for t in teachers], reps)
+        worst = max((body(t) - w).abs().max().item() for t, w in zip(teachers, want))
+        rows.append({"name": name, "ms": round(ms, 3), "TB/s": round(read / ms / 1e9, 2), "difference": worst})
+        print(f"  {name:40s} {ms:7.3f} ms  {read / ms / 1e9:5.2f} TB/s  difference {worst:.1e}", flush=True)
+    return rows
+
+
 def _run(body, chunks, scratch):
     outputs = []
     for (z, teacher, index, labels, weights), buffer in zip(chunks, scratch):
@@ -117,6 +142,10 @@ def main() -> int:
                         help="the kernel's programs per multiprocessor (default: %(default)s)")
     parser.add_argument("--warps", type=int, nargs="+", default=[16, 32],
                         help="warps per program (default: %(default)s)")
+    parser.add_argument("--lse-programs", type=float, nargs="+", default=[1, 2, 4],
+                        help="the log-normaliser kernel's programs per multiprocessor (default: %(default)s)")
+    parser.add_argument("--lse-warps", type=int, nargs="+", default=[8, 16, 32],
+                        help="the log-normaliser kernel's warps per program (default: %(default)s)")
     parser.add_argument("--reps", type=int, default=10, help="timed repetitions, median taken (default: %(default)s)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -134,6 +163,8 @@ def main() -> int:
 
     print("the logits' two matmuls, every chunk:")
     orders = _logits_orders(chunks, args.hidden, args.rank, args.reps, generator)
+    print("the teacher's log-normalisers, every chunk:")
+    normalisers = _teacher_normalisers(chunks, args.lse_programs, args.lse_warps, args.reps)
     print("the passes over the logits, every chunk:")
     stages = _fused_terms()
     reference = [tuple(t.clone() for t in out) for out in _run(stages, chunks, scratch)]
@@ -170,7 +201,7 @@ def main() -> int:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": args.rows,
                        "distinct_teacher_rows": distinct, "copy_ms": copy_ms, "logits": orders,
-                       "passes": results}, f, indent=1)
+                       "teacher_normalisers": normalisers, "passes": results}, f, indent=1)
     return 0
 
 

@@ -7,7 +7,7 @@ import torch
 from helpers import cuda_dspark_loss_inputs, cuda_dspark_loss_run
 
 from draftline.objective.dspark_head_loss import _fused_terms, dspark_chunk_terms
-from draftline.objective.dspark_row_kernel import dspark_rows_into, takes
+from draftline.objective.dspark_row_kernel import dspark_rows_into, rows_logsumexp, takes
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -84,6 +84,30 @@ def test_the_row_kernel_equals_the_compiled_stages_and_the_eager_terms(dtype, in
     args = (teacher, labels, weights, 0.1, 0.9, 1.0, None, need_grad, index)
     _check_against_the_stages(z, args, [{}, dict(block=4096, programs_per_sm=2, num_warps=16),
                                         dict(block=2048, programs_per_sm=0.5, num_warps=8)], dtype)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", [151936, 4096, 300])
+def test_the_teachers_log_normalisers_in_one_read_equal_torchs(dtype, vocab):
+    """``rows_logsumexp`` against ``torch.logsumexp`` in fp32: rows with -inf entries, one finite logit, none (-inf),
+    a large offset; a view whose rows are farther apart than the vocabulary; several grids and warps."""
+    generator = torch.Generator().manual_seed(5)
+    wide = torch.randn(700, vocab + 64, generator=generator) * 4
+    wide[0, : vocab // 2] = float("-inf")
+    wide[1] = float("-inf")
+    wide[1, vocab - 1] = 3.0
+    wide[2] = float("-inf")
+    wide[3] += 60.0
+    logits = wide.to(dtype).cuda()[:, :vocab]
+    want = torch.logsumexp(logits.float(), dim=-1)
+    for options in ({}, dict(block=1024, programs_per_sm=1, num_warps=32), dict(block=4096, programs_per_sm=0.5,
+                                                                                  num_warps=8)):
+        got = rows_logsumexp(logits, **options)
+        assert got.dtype == torch.float32 and got[2] == float("-inf"), options
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=2e-6, msg=lambda m: f"{options}: {m}")
+    assert rows_logsumexp(logits[:0]).shape == (0,)
 
 
 @pytest.mark.gpu

@@ -11,7 +11,8 @@ the row's end back to its start, where the first left off. How much they find th
 For a row with logits ``z`` (the Markov bias already added: unscaled heads only), the teacher's row ``t``, label
 ``y`` and weight ``w``, the arithmetic is ``dspark_head_loss.dspark_chunk_terms``' in fp32:
 
-    before: lse_t, a compiled reduction over the chunk's distinct teacher rows (the first pass need not read them)
+    before: lse_t over the chunk's distinct teacher rows, in one read (``rows_logsumexp``; the first pass need not
+        read them)
     pass 1 (start to end): lse_z (online, in each lane: its running maximum and its exponentials' sum rescaled to it,
         brought together at the row's end), z[y], and the maxima of z over the row and over the columns before y (the
         hit test of ``head_loss.label_is_argmax``)
@@ -35,8 +36,6 @@ import functools
 
 import torch
 
-from draftline.objective.head_loss import compile_over_rows
-
 
 @functools.cache
 def _kernel():
@@ -46,9 +45,24 @@ def _kernel():
 
 
 @functools.cache
-def _teacher_lse():
-    """The teacher rows' log-normalisers [U] in fp32, compiled: one read of each distinct row."""
-    return compile_over_rows(lambda teacher: torch.logsumexp(teacher.float(), dim=-1))
+def _lse_kernel():
+    from draftline.objective.dspark_row_triton import rows_logsumexp as kernel  # Triton: CUDA installs only
+
+    return kernel
+
+
+def rows_logsumexp(logits: torch.Tensor, *, block: int = 8192, programs_per_sm: float = 2,
+                   num_warps: int = 32) -> torch.Tensor:
+    """The log-normalisers [U] in fp32 of CUDA bf16 or fp16 logits [U, V] (unit stride along V), in one read: each
+    program keeps its lanes' running maxima and sums over a row and brings them together at the row's end. The
+    compiled ``torch.logsumexp`` it replaces read each row twice (its maximum, then its exponentials)."""
+    rows, vocab = logits.shape
+    out = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    if rows:
+        programs = max(1, min(rows, int(programs_per_sm * _multiprocessors(logits.device.index or 0))))
+        _lse_kernel()[(programs,)](logits, out, rows, logits.stride(0), VOCAB=vocab,
+                                   BLOCK=min(block, 1 << (vocab.bit_length() - 1)), num_warps=num_warps)
+    return out
 
 
 @functools.cache
@@ -72,7 +86,7 @@ def dspark_rows_into(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_
     logits ([R, V], or the chunk's distinct rows with ``teacher_index`` [R] picking each row's), both with unit
     stride along the vocabulary; ``row_weights`` [R] are the rows' weights, not yet normalised. ``block`` columns
     a step of each pass, ``programs_per_sm`` programs per multiprocessor (the rows in flight), ``num_warps`` a
-    program's warps. The teacher rows' log-normalisers come from a compiled reduction over its distinct rows, before
+    program's warps. The teacher rows' log-normalisers come from ``rows_logsumexp`` over its distinct rows, before
     the kernel."""
     if not (raw.is_cuda and bias is None and takes(raw.dtype, multiplier, softcap)):
         raise ValueError("the DSpark row kernel takes CUDA bf16 or fp16 logits, unscaled, with the Markov bias in them")
@@ -86,7 +100,7 @@ def dspark_rows_into(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_
         programs = max(1, min(rows, int(programs_per_sm * _multiprocessors(raw.device.index or 0))))
         block = min(block, 1 << (vocab.bit_length() - 1))  # at least one whole block
         index = labels if teacher_index is None else teacher_index  # any int tensor: unread without an index
-        _kernel()[(programs,)](raw, teacher_raw, index, labels, row_weights.float(), _teacher_lse()(teacher_raw), ce,
+        _kernel()[(programs,)](raw, teacher_raw, index, labels, row_weights.float(), rows_logsumexp(teacher_raw), ce,
                                l1, hit, rows, raw.stride(0), teacher_raw.stride(0), float(ce_weight), float(l1_weight),
                                VOCAB=vocab, BLOCK=block, HAS_INDEX=teacher_index is not None,
                                NEED_GRAD=bool(need_grad), num_warps=num_warps)

@@ -21,14 +21,46 @@ def load_row(row, idx, VOCAB: tl.constexpr, MASKED: tl.constexpr):
 
 
 @triton.jit
+def online_step(z, max_z, sum_z):
+    """One block of z into each lane's running maximum and its sum of exponentials rescaled to it."""
+    new_z = tl.maximum(max_z, z)
+    # a maximum still -inf has no exponentials to rescale: exp(-inf - -inf) would be NaN
+    return new_z, tl.where(new_z == NEG_INF, 0.0, sum_z * tl.exp2((max_z - new_z) * LOG2E) + tl.exp2((z - new_z) * LOG2E))
+
+
+@triton.jit
+def lanes_logsumexp(max_z, sum_z):
+    """A row's log-normaliser and maximum from its lanes' running maxima and sums."""
+    row_max = tl.max(max_z, 0)
+    sum_z = tl.where(max_z == NEG_INF, 0.0, sum_z * tl.exp2((max_z - row_max) * LOG2E))
+    return row_max + tl.log(tl.sum(sum_z, 0)), row_max
+
+
+@triton.jit
 def normaliser_step(z, idx, label, max_z, sum_z, before):
     """Pass 1 over one block of z: each lane's running maximum, its sum of exponentials rescaled to it, and the maxima
     of the columns before the label. No reduction across the program until the row's end."""
-    new_z = tl.maximum(max_z, z)
-    # a maximum still -inf has no exponentials to rescale: exp(-inf - -inf) would be NaN
-    sum_z = tl.where(new_z == NEG_INF, 0.0, sum_z * tl.exp2((max_z - new_z) * LOG2E) + tl.exp2((z - new_z) * LOG2E))
-    before = tl.maximum(before, tl.where(idx < label, z, NEG_INF))
-    return new_z, sum_z, before
+    max_z, sum_z = online_step(z, max_z, sum_z)
+    return max_z, sum_z, tl.maximum(before, tl.where(idx < label, z, NEG_INF))
+
+
+@triton.jit
+def rows_logsumexp(t_ptr, out_ptr, rows, stride, VOCAB: tl.constexpr, BLOCK: tl.constexpr):
+    """The log-normalisers (fp32) of ``rows`` rows of logits in one read: a program takes rows ``pid, pid + programs,
+    ...``, each in one pass of the online maximum and sum."""
+    FULL: tl.constexpr = VOCAB // BLOCK
+    TAIL: tl.constexpr = VOCAB % BLOCK != 0
+    cols = tl.arange(0, BLOCK)
+    for row in range(tl.program_id(0), rows, tl.num_programs(0)):
+        t_row = t_ptr + tl.cast(row, tl.int64) * stride
+        max_t = tl.full((BLOCK,), NEG_INF, tl.float32)
+        sum_t = tl.zeros((BLOCK,), tl.float32)
+        for block in range(FULL):
+            max_t, sum_t = online_step(load_row(t_row, block * BLOCK + cols, VOCAB, False), max_t, sum_t)
+        if TAIL:
+            max_t, sum_t = online_step(load_row(t_row, FULL * BLOCK + cols, VOCAB, True), max_t, sum_t)
+        lse, _ = lanes_logsumexp(max_t, sum_t)
+        tl.store(out_ptr + row, lse)
 
 
 @triton.jit
@@ -83,9 +115,7 @@ def dspark_rows(z_ptr, t_ptr, index_ptr, labels_ptr, weights_ptr, lse_t_ptr, ce_
         if TAIL:
             max_z, sum_z, before = normaliser_step(load_row(z_row, tail, VOCAB, True), tail, label, max_z, sum_z,
                                                    before)
-        row_max = tl.max(max_z, 0)
-        sum_z = tl.where(max_z == NEG_INF, 0.0, sum_z * tl.exp2((max_z - row_max) * LOG2E))
-        lse_z = row_max + tl.log(tl.sum(sum_z, 0))
+        lse_z, row_max = lanes_logsumexp(max_z, sum_z)
         lse2_z = lse_z * LOG2E
         lse2_t = tl.load(lse_t_ptr + teacher) * LOG2E
         ce = lse_z - picked
