@@ -160,7 +160,7 @@ def _qwen3_6_27b_config_only(path):
 
 def test_plan_for_qwen3_6_27b_on_8_rtx_pro_6000(tmp_path, capsys):
     """The node the seeds trained on: the recommended layout fits every GPU and, at the measured MFUs (the hybrid
-    target's compiled pass: 54.0%), runs at 23.5 Ktok/s or more at 512 anchors (23.8 planned); sharding takes a
+    target's compiled pass: 53.6%), runs at 23.5 Ktok/s or more at 512 anchors (23.7 planned); sharding takes a
     drafter's state to a quarter on 4 drafters."""
     target = _qwen3_6_27b_config_only(tmp_path / "q27")
     out = tmp_path / "plan.json"

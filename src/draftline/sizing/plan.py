@@ -4,9 +4,8 @@ One model, used by ``draftline plan`` and by ``train``'s default split (``defaul
 
 - Work per sample: the FLOP counter (``flops``) over a length distribution (``workload``), for the target's
   feature pass and the drafter's training step at ``max_anchors`` anchors per document.
-- Rates: work / (MFU x the GPU's spec peak). The MFUs are this repository's measurements on an H200 (a hybrid
-  target's: on an H100; ``MEASURED_MFU``), taken as the same share of another GPU's spec peak when that GPU is not
-  in hand;
+- Rates: work / (MFU x the GPU's spec peak). The MFUs are this repository's measurements on an H200
+  (``MEASURED_MFU``), taken as the same share of another GPU's spec peak when that GPU is not in hand;
   ``plan --measure`` times the roles on the GPU in hand instead.
 - Sharded drafters also move their weights and gradients each pass (FSDP2: two bf16 gathers and one
   fp32 reduce-scatter of the drafter's weights); that time overlaps the pass's compute, so a drafter's
@@ -44,12 +43,12 @@ from draftline.sizing.workload import PROMPT_SHARE, reference_lengths, sampled_b
 
 MEASURED_MFU = {
     "target": (0.589, "the compiled feature pass, Qwen3-8B shape, packed 32K tokens: 41.0 Ktok/s"),
-    "target_hybrid": (0.540, "the Qwen3.6-27B-shaped hybrid feature pass (flash-linear-attention), compiled, packed "
-                             "32K: 11.1 Ktok/s on an H100 held at its power cap"),
+    "target_hybrid": (0.536, "the Qwen3.6-27B-shaped hybrid feature pass (flash-linear-attention), compiled, packed "
+                             "32K: 11.0 Ktok/s, held at the power cap"),
     "drafter": (0.552, "the drafter's step, packed 32K tokens, Qwen3-8B shape, FlashAttention-4: 129 ms/sample"),
 }
 """MFU of each role against the spec dense bf16 peak, measured on one H200 (docs/benchmarks/2026-12-planner.md; the
-hybrid target's compiled pass on one H100, docs/benchmarks/2026-12-the-card.md)."""
+hybrid target's compiled pass: docs/benchmarks/2026-12-the-card.md)."""
 
 ANCHOR_SWEEP = (128, 256, 512)
 """Anchors per document at which the recommended layout is also shown (the seeds' trade)."""
