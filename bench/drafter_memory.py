@@ -36,6 +36,10 @@ Variants ('+'-joined options):
 ``none+headcopy`` is the code before the memory cuts; ``cheap`` the code after them; ``cheap,cheap+dspark`` the
 two methods' steps side by side (docs/benchmarks/2026-12-dspark-step.md).
 
+``--paired`` times the variants' steps in turn instead, one step of each a round after every variant's warm-up, so
+that the clock (which the power cap moves) moves under each alike: each variant's median and every round's ratio to
+the first variant. Every variant is then resident at once: no memory figures.
+
 Measured per variant: step time, the FLOPs the product counts a step, ``max_memory_allocated`` over the timed steps, reserved, the device's memory
 in use (NVML, else ``cudaMemGetInfo``), memory after building and once the optimizer state exists, and in one
 instrumented step: the memory each decoder layer keeps through the forward, the head loss's transient, and the
@@ -498,7 +502,6 @@ def measures_memory(device: torch.device) -> bool:
 
 
 def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: PassSize) -> dict:
-    opts = set(name.split("+"))
     cuda = measures_memory(device)
     torch._dynamo.reset()  # each variant compiles afresh: none inherits another's graphs or uses up its cache
     gc.collect()
@@ -506,7 +509,7 @@ def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: 
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     result: dict = {"variant": name, "start_gib": _allocated() if cuda else float("nan")}
-    arm = (Peer if "peer" in opts else Ours)(opts, cfg, args, device, dtype)
+    arm = _arm(name, args, cfg, device, dtype)
     unpatch = arm.patch()
     try:
         if cuda:
@@ -591,6 +594,58 @@ def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: 
     return result
 
 
+def _arm(name: str, args, cfg, device, dtype):
+    opts = set(name.split("+"))
+    return (Peer if "peer" in opts else Ours)(opts, cfg, args, device, dtype)
+
+
+def run_paired(names: list[str], args, cfg, device, dtype) -> dict:
+    """The variants' steps in turn, one step of each a round (``--iters`` rounds) after each one's warm-up, on the same
+    batches: {variant: step times}, each variant's median and the median of every round's ratio to the first's."""
+    if any("headcopy" in name.split("+") for name in names):
+        raise SystemExit("--paired: 'headcopy' swaps a function for every variant at once; time it without --paired")
+    cuda = device.type == "cuda"
+    batches = [packed_batch([args.tokens], cfg.vocab_size, i, i) for i in range(args.warmup + args.iters + 1)]
+    arms = {}
+    for name in names:
+        arm = arms[name] = _arm(name, args, cfg, device, dtype)
+        for b in batches[: args.warmup]:
+            arm.step(Delivery(b.index, _features(b, arm.width, device, dtype), b))
+
+    def mark():
+        if not cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    order, ends = [], [mark()]
+    for b in batches[args.warmup: args.warmup + args.iters]:
+        for name, arm in arms.items():
+            delivery = Delivery(b.index, _features(b, arm.width, device, dtype), b)
+            arm.step(delivery)
+            order.append(name)
+            ends.append(mark())
+    for arm in arms.values():
+        arm.last()
+    if cuda:
+        torch.cuda.synchronize()
+        spans = [a.elapsed_time(b) for a, b in zip(ends, ends[1:])]
+    else:
+        spans = [1e3 * (b - a) for a, b in zip(ends, ends[1:])]
+    times = {name: [t for n, t in zip(order, spans) if n == name] for name in names}
+    first = times[names[0]]
+    result = {"paired": True, "rounds": args.iters, "step_ms": {n: [round(t, 2) for t in ts] for n, ts in times.items()},
+              "step_ms_median": {n: statistics.median(ts) for n, ts in times.items()},
+              "ratio_to_first_median": {n: statistics.median(t / f for t, f in zip(ts, first))
+                                        for n, ts in times.items()}}
+    print(f"\n{'variant (paired)':24s} {'ms med':>8s} {'ms mean':>8s} {'/ first, median of rounds':>26s}")
+    for name, ts in times.items():
+        print(f"{name:24s} {statistics.median(ts):8.1f} {statistics.fmean(ts):8.1f} "
+              f"{result['ratio_to_first_median'][name]:26.3f}")
+    return result
+
+
 def print_table(results: list[dict]) -> None:
     cols = [("step_ms_median", "ms med", "8.1f"), ("step_ms_mean", "ms mean", "8.1f"), ("tflop_per_step", "TFLOP", "6.1f"),
             ("peak_gib", "peak", "7.2f"),
@@ -624,7 +679,7 @@ def main() -> int:
                         help="the drafter's attention ('auto': FlashAttention-4 if installed and it passes its check)")
     parser.add_argument("--variants", default="none+headcopy,cheap",
                         help="comma-separated variants, each a '+'-joined set of options (see above)")
-    parser.add_argument("--iters", type=int, default=10, help="timed steps per variant")
+    parser.add_argument("--iters", type=int, default=10, help="timed steps per variant (rounds with --paired)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation, autotuning)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu runs the steps (a check that the variants run; no memory figures)")
@@ -638,6 +693,8 @@ def main() -> int:
                              "by the code that allocated it")
     parser.add_argument("--profile", action="store_true",
                         help="also run three steps under torch's profiler and print each kernel's device time a step")
+    parser.add_argument("--paired", action="store_true",
+                        help="time the variants' steps in turn, one of each a round (no memory figures)")
     parser.add_argument("--json", type=Path, help="write the results (and the environment) here")
     args = parser.parse_args()
     cfg = build_drafter_config(target_config(args.shape), num_hidden_layers=args.layers, block_size=16)
@@ -657,6 +714,13 @@ def main() -> int:
         return 0
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.paired:
+        paired = run_paired(args.variants.split(","), args, cfg, device, dtype)
+        if args.json:
+            args.json.write_text(json.dumps({"environment": environment("specforge", "liger-kernel", "flash-attn-4"),
+                                             "args": vars(args) | {"json": str(args.json)}, "results": paired},
+                                            indent=1, default=str))
+        return 0
     results = []
     for name in args.variants.split(","):
         try:
