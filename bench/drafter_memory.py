@@ -501,6 +501,23 @@ def measures_memory(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+def _mark(cuda: bool):
+    """A point in time: a CUDA event recorded on the stream, else the host's clock."""
+    if not cuda:
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _spans_ms(ends: list, cuda: bool) -> list[float]:
+    """The milliseconds between consecutive marks (after the stream has reached the last)."""
+    if cuda:
+        torch.cuda.synchronize()
+        return [a.elapsed_time(b) for a, b in zip(ends, ends[1:])]
+    return [1e3 * (b - a) for a, b in zip(ends, ends[1:])]
+
+
 def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: PassSize) -> dict:
     cuda = measures_memory(device)
     torch._dynamo.reset()  # each variant compiles afresh: none inherits another's graphs or uses up its cache
@@ -530,29 +547,17 @@ def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: 
         result["warmup_s"] = time.perf_counter() - t0
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        times, ends = [], []
-
-        def mark():
-            if not cuda:
-                return time.perf_counter()
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-
-        ends.append(mark())
+        ends = [_mark(cuda)]
         counters = getattr(getattr(arm, "worker", None), "counters", None)
         flops0 = counters.flops if counters is not None else None
         for b in batches[args.warmup: args.warmup + args.iters]:
             records.append(arm.step(delivery(b)))
-            ends.append(mark())
+            ends.append(_mark(cuda))
         records.append(arm.last())
+        times = _spans_ms(ends, cuda)
         if cuda:
-            torch.cuda.synchronize()
-            times = [a.elapsed_time(b) for a, b in zip(ends, ends[1:])]
             result.update(peak_gib=_peak(reset=False), reserved_gib=torch.cuda.max_memory_reserved() / GIB,
                           device_used_gib=_device_used(device))
-        else:
-            times = [1e3 * (b - a) for a, b in zip(ends, ends[1:])]
         if flops0 is not None:
             result["tflop_per_step"] = (counters.flops - flops0) / args.iters / 1e12
         result["step_ms"] = [round(t, 2) for t in times]
@@ -612,27 +617,16 @@ def run_paired(names: list[str], args, cfg, device, dtype) -> dict:
         for b in batches[: args.warmup]:
             arm.step(Delivery(b.index, _features(b, arm.width, device, dtype), b))
 
-    def mark():
-        if not cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    order, ends = [], [mark()]
+    order, ends = [], [_mark(cuda)]
     for b in batches[args.warmup: args.warmup + args.iters]:
         for name, arm in arms.items():
             delivery = Delivery(b.index, _features(b, arm.width, device, dtype), b)
             arm.step(delivery)
             order.append(name)
-            ends.append(mark())
+            ends.append(_mark(cuda))
     for arm in arms.values():
         arm.last()
-    if cuda:
-        torch.cuda.synchronize()
-        spans = [a.elapsed_time(b) for a, b in zip(ends, ends[1:])]
-    else:
-        spans = [1e3 * (b - a) for a, b in zip(ends, ends[1:])]
+    spans = _spans_ms(ends, cuda)
     times = {name: [t for n, t in zip(order, spans) if n == name] for name in names}
     first = times[names[0]]
     result = {"paired": True, "rounds": args.iters, "step_ms": {n: [round(t, 2) for t in ts] for n, ts in times.items()},
