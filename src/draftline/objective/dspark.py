@@ -42,7 +42,7 @@ from draftline.model.dspark import DSparkDrafter
 from draftline.objective.blocks import BlockBatch
 from draftline.objective.dspark_blocks import build_dspark_blocks, default_dspark_gamma
 from draftline.objective.dpace import dpace_weights
-from draftline.objective.dspark_head_loss import dspark_head_loss, dspark_row_ce
+from draftline.objective.dspark_head_loss import CHUNK_ROWS, dspark_head_loss, dspark_row_ce
 from draftline.objective.loss import DFlashObjective, ObjectiveSettings
 from draftline.objective.metrics import metrics_size, pass_metrics, summarize
 
@@ -61,7 +61,7 @@ class DSparkLoss:
     """L1 distance between the drafter's and the target's distributions (twice their total variation)."""
     confidence_weight: float = 1.0
     """Binary cross-entropy of the confidence head against the slot's expected acceptance."""
-    chunk_rows: int = 2048
+    chunk_rows: int = CHUNK_ROWS
     """Labelled rows whose full-vocabulary logits exist at once: on CUDA ``FUSED_BYTES_PER_LOGIT`` (6) x rows x
     vocab bytes with a bf16 head at most (2.8 GiB at 2,048 rows and a 248K vocabulary;
     ``objective.dspark_head_loss``). At the 8B shape on an H100 (docs/benchmarks/2026-12-dspark-step.md, section

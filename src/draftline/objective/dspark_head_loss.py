@@ -55,6 +55,9 @@ import torch
 from draftline.objective import dspark_row_kernel
 from draftline.objective.head_loss import compile_over_rows, label_is_argmax, scale_logits
 
+CHUNK_ROWS = 2048
+"""Labelled rows of one chunk by default (``objective.dspark.DSparkLoss.chunk_rows`` says why)."""
+
 FUSED_BYTES_PER_LOGIT = 6
 """Bytes per row and vocabulary entry of one compiled chunk (CUDA), at most: the three bf16 buffers, the student's and
 the teacher's logits and the Markov bias, which then hold the two gradients (unscaled logits take the bias into
@@ -367,7 +370,7 @@ def dspark_head_loss(
     *,
     ce_weight: float = 0.1,
     l1_weight: float = 0.9,
-    chunk_rows: int = 2048,
+    chunk_rows: int = CHUNK_ROWS,
     multiplier: float = 1.0,
     softcap: float | None = None,
     fused: bool | None = None,
@@ -406,7 +409,7 @@ def dspark_head_loss(
 
 @torch.no_grad()
 def dspark_row_ce(hidden: torch.Tensor, latent: torch.Tensor, w2: torch.Tensor, head_weight: torch.Tensor,
-                  labels: torch.Tensor, *, chunk_rows: int = 2048, multiplier: float = 1.0,
+                  labels: torch.Tensor, *, chunk_rows: int = CHUNK_ROWS, multiplier: float = 1.0,
                   softcap: float | None = None) -> torch.Tensor:
     """Each labelled row's cross-entropy of the Markov-corrected logits, ``logsumexp(z) - z[y]`` [M] (fp32; fp64 for an
     fp64 head), without gradients: the input of weights that depend on a whole block's rows (D-PACE,
