@@ -14,8 +14,8 @@ def test_cpu_device_gives_n_a():
     assert stats.name == "cpu"
     assert stats.memory_text() == "n/a" and stats.util_text() == "n/a"
     assert stats.to_record() == {"rank": None, "role": None, "name": "cpu", "mem_used_gib": None,
-                                 "mem_total_gib": None, "mem_allocated_gib": None, "mem_budget_gib": None, "util": None,
-                                 "sm_mhz": None, "max_sm_mhz": None, "power_w": None, "clock_reasons": None}
+                                 "mem_total_gib": None, "mem_allocated_gib": None, "mem_budget_gib": None, "alloc_retries": None,
+                                 "util": None, "sm_mhz": None, "max_sm_mhz": None, "power_w": None, "clock_reasons": None}
     assert stats.clock_text() == "n/a"
 
 
@@ -39,6 +39,12 @@ def test_formatting():
     assert stats.memory_text() == "61.2/139.8 GiB, 55.0 allocated"
     stats.mem_budget_gib = 94.97
     assert stats.memory_text() == "61.2/94.97 GiB card, 55.0 allocated"
+    # an allocator that had to free its cache and retry says so (none: nothing added)
+    stats.alloc_retries = 0
+    assert stats.memory_text() == "61.2/94.97 GiB card, 55.0 allocated"
+    stats.alloc_retries, one = 1_204, GpuStats(**(stats.to_record() | {"alloc_retries": 1}))
+    assert stats.memory_text() == "61.2/94.97 GiB card, 55.0 allocated, 1,204 retries"
+    assert one.memory_text() == "61.2/94.97 GiB card, 55.0 allocated, 1 retry"
 
 
 def test_reason_names_leave_idle_out():
@@ -117,5 +123,6 @@ def test_cuda_device_has_memory():
     stats = device_stats(torch.device("cuda", 0))
     assert stats.mem_total_gib and stats.mem_total_gib > 1
     assert len(local_gpu_stats()) == torch.cuda.device_count()
+    assert isinstance(stats.alloc_retries, int) and stats.alloc_retries >= 0  # the rank's own allocator is read
     if gpu_module.nvml_module() is not None:  # nvidia-ml-py installed: the clock is read too
         assert 0 < stats.sm_mhz <= stats.max_sm_mhz and isinstance(stats.clock_reasons, list)

@@ -9,7 +9,9 @@ Device memory is counted as CUDA counts it (``cudaMemGetInfo``, and NVML's secon
 shows it): what the driver keeps for itself is left out of both the used and the total figures (NVML's first
 call counts it as used: 0.59 GiB on an H200), so that the total is the capacity torch reports and
 ``--gpu-memory-gib`` bounds. Beside it, for the rank's own device: the peak its allocator reached
-(``torch.cuda.max_memory_allocated``, since preflight) and the card set by ``--gpu-memory-gib``.
+(``torch.cuda.max_memory_allocated``, since preflight), the card set by ``--gpu-memory-gib``, and how often the allocator
+ran out of room under it and had to free its cache to retry (each retry waits for the device: a run whose count rises
+is at its card's edge and slower for it).
 """
 
 from __future__ import annotations
@@ -53,22 +55,27 @@ class GpuStats:
     """This process's allocator: its peak allocated since preflight (``torch.cuda.max_memory_allocated``), GiB."""
     mem_budget_gib: float | None = None
     """The card this process may use in all (``--gpu-memory-gib``), GiB; None: the whole device."""
+    alloc_retries: int | None = None
+    """This process's allocator: how often it freed its cached blocks and retried an allocation, since the process
+    began (``num_alloc_retries``); each retry waits for the device to finish its work."""
 
     def to_record(self) -> dict[str, Any]:
         """The metrics.jsonl entry: ``{rank, role, name, mem_used_gib, mem_total_gib, mem_allocated_gib,
-        mem_budget_gib, util, sm_mhz, max_sm_mhz, power_w, clock_reasons}``."""
+        mem_budget_gib, alloc_retries, util, sm_mhz, max_sm_mhz, power_w, clock_reasons}``."""
         record = asdict(self)
         return {key: record[key] for key in RECORD_KEYS}
 
     def memory_text(self) -> str:
-        """E.g. "92.3/94.97 GiB, 88.1 allocated": the device's use of its card (or of the device), and the
-        allocator's peak."""
+        """E.g. "92.3/94.97 GiB card, 88.1 allocated, 14 retries": the device's use of its card (or of the device),
+        the allocator's peak, and its retries where it had any."""
         if self.mem_used_gib is None or self.mem_total_gib is None:
             return "n/a"
         of = (f"{self.mem_budget_gib:.2f} GiB card" if self.mem_budget_gib is not None
               else f"{self.mem_total_gib:.1f} GiB")
         allocated = f", {self.mem_allocated_gib:.1f} allocated" if self.mem_allocated_gib is not None else ""
-        return f"{self.mem_used_gib:.1f}/{of}{allocated}"
+        retries = (f", {self.alloc_retries:,} retr{'y' if self.alloc_retries == 1 else 'ies'}"
+                   if self.alloc_retries else "")
+        return f"{self.mem_used_gib:.1f}/{of}{allocated}{retries}"
 
     def util_text(self) -> str:
         return "n/a" if self.util is None else f"{self.util:.0%}"
@@ -81,8 +88,8 @@ class GpuStats:
         return text + (", " + ", ".join(self.clock_reasons) if self.clock_reasons else "")
 
 
-RECORD_KEYS = ("rank", "role", "name", "mem_used_gib", "mem_total_gib", "mem_allocated_gib", "mem_budget_gib", "util",
-               "sm_mhz", "max_sm_mhz", "power_w", "clock_reasons")
+RECORD_KEYS = ("rank", "role", "name", "mem_used_gib", "mem_total_gib", "mem_allocated_gib", "mem_budget_gib",
+               "alloc_retries", "util", "sm_mhz", "max_sm_mhz", "power_w", "clock_reasons")
 
 # NVML's clock-event ("throttle") reason bits, as nvml.h numbers them.
 CLOCK_REASONS = {
@@ -233,6 +240,7 @@ def device_stats(device: torch.device | str | int) -> GpuStats:
             free, total = torch.cuda.mem_get_info(index)
             stats = GpuStats(name, (total - free) / _GIB, total / _GIB, None)
         stats.mem_allocated_gib = torch.cuda.max_memory_allocated(index) / _GIB
+        stats.alloc_retries = int(torch.cuda.memory_stats(index).get("num_alloc_retries", 0))
         budget = device_budget(index)
         stats.mem_budget_gib = None if budget is None else budget / _GIB
         return stats
