@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers import cuda_dspark_loss_inputs, cuda_dspark_loss_run
 
+import draftline.objective.dspark_row_kernel as row_kernel
 from draftline.objective.dspark_head_loss import _fused_terms, dspark_chunk_terms
 from draftline.objective.dspark_row_kernel import dspark_rows_into, rows_logsumexp, takes
 
@@ -29,15 +30,39 @@ def test_it_refuses_what_it_does_not_take():
             dspark_rows_into(raw, bias, raw, labels, weights, 0.1, 0.9, multiplier, softcap, True)
 
 
+@pytest.mark.parametrize("vocab,block,warps", [(151936, 8192, 32), (4096, 4096, 32), (3000, 2048, 32), (300, 256, 8),
+                                               (64, 64, 2), (20, 16, 1)])
+def test_a_program_never_has_more_threads_than_a_block_has_columns(monkeypatch, vocab, block, warps):
+    """The third pass reads each column and writes its gradient over it, ordered only within one thread: both
+    kernels launch with no more threads (32 a warp) than a block's columns, at the default 32 warps and any
+    vocabulary (the launches recorded on CPU tensors taken for CUDA ones; nothing runs)."""
+    launches = []
+
+    class Launcher:
+        def __getitem__(self, grid):
+            return lambda *args, **options: launches.append(options)
+
+    monkeypatch.setattr(row_kernel, "_kernel", Launcher)
+    monkeypatch.setattr(row_kernel, "_lse_kernel", Launcher)
+    monkeypatch.setattr(row_kernel, "_multiprocessors", lambda index: 132)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    raw = torch.zeros(3, vocab, dtype=torch.bfloat16)
+    labels, weights = torch.zeros(3, dtype=torch.long), torch.ones(3)
+    dspark_rows_into(raw, None, raw, labels, weights, 0.1, 0.9, 1.0, None, True)
+    assert [(options["BLOCK"], options["num_warps"]) for options in launches] == [(block, warps)] * 2
+    assert all(options["num_warps"] * 32 <= options["BLOCK"] or options["num_warps"] == 1 for options in launches)
+
+
 def _awkward_chunk(rows, vocab, distinct, dtype, generator):
     """Logits with the cases a pass can get wrong: a row with one finite logit, tied maxima with the label on the
     second, labels at both ends of the vocabulary; the teacher's rows picked by index."""
+    one = min(77, vocab // 2)  # the column of the row with one finite logit
     z = torch.randn(rows, vocab, generator=generator) * 3
     z[1] = float("-inf")
-    z[1, 77] = 2.0
+    z[1, one] = 2.0
     z[2, [5, 9]] = z[2].max() + 4
     labels = torch.randint(0, vocab, (rows,), generator=generator)
-    labels[0], labels[1], labels[2], labels[3] = 0, 77, 9, vocab - 1
+    labels[0], labels[1], labels[2], labels[3] = 0, one, 9, vocab - 1
     z[3, vocab - 1] = z[3].max() + 1  # a hit at the last column
     teacher = torch.randn(distinct, vocab, generator=generator) * 3
     index = torch.randint(0, distinct, (rows,), generator=generator)
@@ -112,10 +137,11 @@ def test_the_teachers_log_normalisers_in_one_read_equal_torchs(dtype, vocab):
 
 @pytest.mark.gpu
 @cuda
-@pytest.mark.parametrize("vocab", [4096, 3000, 300])
+@pytest.mark.parametrize("vocab", [4096, 3000, 300, 64])
 def test_the_row_kernel_at_vocabularies_a_block_divides_or_exceeds(vocab):
-    """A vocabulary of whole blocks (no masked block), one with a partial block, and one smaller than any block
-    asked for (the block shrinks to fit it): every configuration equal to the stages."""
+    """A vocabulary of whole blocks (no masked block), one with a partial block, and ones smaller than any block
+    asked for (the block shrinks to fit it; at 64 columns, narrower than 32 warps' threads, the program takes fewer
+    warps): every configuration equal to the stages."""
     z, teacher, labels, weights, index = _awkward_chunk(300, vocab, 40, torch.bfloat16,
                                                         torch.Generator().manual_seed(4))
     args = (teacher, labels, weights, 0.1, 0.9, 1.0, None, True, index)
