@@ -14,8 +14,9 @@ def test_cpu_device_gives_n_a():
     assert stats.name == "cpu"
     assert stats.memory_text() == "n/a" and stats.util_text() == "n/a"
     assert stats.to_record() == {"rank": None, "role": None, "name": "cpu", "mem_used_gib": None,
-                                 "mem_total_gib": None, "mem_allocated_gib": None, "mem_budget_gib": None, "alloc_retries": None,
-                                 "util": None, "sm_mhz": None, "max_sm_mhz": None, "power_w": None, "clock_reasons": None}
+                                 "mem_total_gib": None, "mem_allocated_gib": None, "mem_budget_gib": None,
+                                 "alloc_retries": None, "util": None, "sm_mhz": None, "max_sm_mhz": None,
+                                 "power_w": None, "clock_reasons": None}
     assert stats.clock_text() == "n/a"
 
 

@@ -24,7 +24,8 @@ def test_record_has_exactly_the_documented_fields(busy_status):
     assert record["kind"] == "train" and record["step"] == 1234 and record["q_pre"] == [3, 12]
     assert record["gpus"][0] == {"rank": 0, "role": "target", "name": "NVIDIA H200", "mem_used_gib": 61.2,
                                  "mem_total_gib": 139.8, "mem_allocated_gib": None, "mem_budget_gib": None,
-                                 "alloc_retries": None, "util": 0.97, "sm_mhz": 1755.0, "max_sm_mhz": 1980.0, "power_w": 699.0, "clock_reasons": ["power cap"]}
+                                 "alloc_retries": None, "util": 0.97, "sm_mhz": 1755.0, "max_sm_mhz": 1980.0,
+                                 "power_w": 699.0, "clock_reasons": ["power cap"]}
     assert set(LineStatus().to_record()) == TRAIN_FIELDS
 
 

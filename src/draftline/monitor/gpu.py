@@ -9,9 +9,9 @@ Device memory is counted as CUDA counts it (``cudaMemGetInfo``, and NVML's secon
 shows it): what the driver keeps for itself is left out of both the used and the total figures (NVML's first
 call counts it as used: 0.59 GiB on an H200), so that the total is the capacity torch reports and
 ``--gpu-memory-gib`` bounds. Beside it, for the rank's own device: the peak its allocator reached
-(``torch.cuda.max_memory_allocated``, since preflight), the card set by ``--gpu-memory-gib``, and how often the allocator
-ran out of room under it and had to free its cache to retry (each retry waits for the device: a run whose count rises
-is at its card's edge and slower for it).
+(``torch.cuda.max_memory_allocated``, since preflight), the card set by ``--gpu-memory-gib``, and how often the
+allocator ran out of room under it and had to free its cache to retry (each retry waits for the device: a run whose
+count rises is at its card's edge and slower for it).
 """
 
 from __future__ import annotations
