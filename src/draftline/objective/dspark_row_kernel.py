@@ -29,7 +29,7 @@ H100 (docs/benchmarks/2026-12-dspark-step.md, sections 12-13). Fewer programs we
 loads a block ahead nor L2 eviction hints gained more. Only CUDA runs it (Triton); the tests compare it with the
 compiled stages and the eager loop on the GPU.
 
-A program never has more threads than a block has columns (``warps_for``): the third pass reads each column and then
+A program never has more threads than a block has columns (``_geometry``): the third pass reads each column and then
 writes its gradient over it, and Triton orders the two only within one thread. Where the block is narrower than
 the program (a small vocabulary), a column is held by threads of several warps, and one of them could read it after
 another had written the gradient there.
@@ -64,23 +64,20 @@ def rows_logsumexp(logits: torch.Tensor, *, block: int = 8192, programs_per_sm: 
     rows, vocab = logits.shape
     out = torch.empty(rows, dtype=torch.float32, device=logits.device)
     if rows:
-        programs = max(1, min(rows, int(programs_per_sm * _multiprocessors(logits.device.index or 0))))
-        block = block_for(block, vocab)
-        _lse_kernel()[(programs,)](logits, out, rows, logits.stride(0), VOCAB=vocab, BLOCK=block,
-                                   num_warps=warps_for(num_warps, block))
+        programs, block, warps = _geometry(logits, block, programs_per_sm, num_warps)
+        _lse_kernel()[(programs,)](logits, out, rows, logits.stride(0), VOCAB=vocab, BLOCK=block, num_warps=warps)
     return out
 
 
-def block_for(block: int, vocab: int) -> int:
-    """The columns a step: ``block`` (a power of two), or the largest power of two within ``vocab`` where that is
-    smaller (at least one whole block)."""
-    return min(block, 1 << (vocab.bit_length() - 1))
-
-
-def warps_for(num_warps: int, block: int) -> int:
-    """``num_warps``, or fewer where a program's threads (32 a warp) would outnumber a block's columns: each column
-    is then held by one thread alone (the module's docstring says why)."""
-    return max(1, min(num_warps, block // 32))
+def _geometry(logits: torch.Tensor, block: int, programs_per_sm: float, num_warps: int) -> tuple[int, int, int]:
+    """(programs, columns a step, warps a program) for rows of ``logits`` [R, V]: ``programs_per_sm`` programs per
+    multiprocessor, no more than the rows; ``block`` columns, or the largest power of two within V where that is
+    smaller (at least one whole block); ``num_warps``, or fewer where a program's threads (32 a warp) would
+    outnumber a block's columns, so that each column is held by one thread alone (the module's docstring says why)."""
+    rows, vocab = logits.shape
+    programs = max(1, min(rows, int(programs_per_sm * _multiprocessors(logits.device.index or 0))))
+    block = min(block, 1 << (vocab.bit_length() - 1))
+    return programs, block, max(1, min(num_warps, block // 32))
 
 
 @functools.cache
@@ -115,11 +112,10 @@ def dspark_rows_into(raw, bias, teacher_raw, labels, row_weights, ce_weight, l1_
     l1 = torch.empty_like(ce)
     hit = torch.empty(rows, dtype=torch.int8, device=raw.device)
     if rows:
-        programs = max(1, min(rows, int(programs_per_sm * _multiprocessors(raw.device.index or 0))))
-        block = block_for(block, vocab)
+        programs, block, warps = _geometry(raw, block, programs_per_sm, num_warps)
         index = labels if teacher_index is None else teacher_index  # any int tensor: unread without an index
         _kernel()[(programs,)](raw, teacher_raw, index, labels, row_weights.float(), rows_logsumexp(teacher_raw), ce,
                                l1, hit, rows, raw.stride(0), teacher_raw.stride(0), float(ce_weight), float(l1_weight),
                                VOCAB=vocab, BLOCK=block, HAS_INDEX=teacher_index is not None,
-                               NEED_GRAD=bool(need_grad), num_warps=warps_for(num_warps, block))
+                               NEED_GRAD=bool(need_grad), num_warps=warps)
     return ce, l1, hit.bool()
