@@ -29,10 +29,11 @@ H100 (docs/benchmarks/2026-12-dspark-step.md, sections 12-13). Fewer programs we
 loads a block ahead nor L2 eviction hints gained more. Only CUDA runs it (Triton); the tests compare it with the
 compiled stages and the eager loop on the GPU.
 
-A program never has more threads than a block has columns (``_geometry``): the third pass reads each column and then
-writes its gradient over it, and Triton orders the two only within one thread. Where the block is narrower than
-the program (a small vocabulary), a column is held by threads of several warps, and one of them could read it after
-another had written the gradient there.
+A program never has more threads than a block has columns (``_geometry``), as a precaution: the third pass reads each
+column and then writes its gradient over it, and Triton orders the two only within one thread. Where the block is
+narrower than the program (a small vocabulary), a column would be held by threads of several warps, and one of them
+could read it after another had written the gradient there. No GPU run has shown this happen; the cap changes only
+vocabularies below 1,024 columns.
 """
 
 from __future__ import annotations
