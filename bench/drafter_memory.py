@@ -37,10 +37,12 @@ Variants ('+'-joined options):
 two methods' steps side by side (docs/benchmarks/2026-12-dspark-step.md).
 
 ``--paired`` times the variants' steps in turn instead, one step of each a round after every variant's warm-up, so
-that the clock (which the power cap moves) moves under each alike: each variant's median and every round's ratio to
-the first variant. Every variant is then resident at once: no memory figures.
+that the clock (which the power cap moves) moves under each alike: each variant's median, its FLOPs and MFU, and the
+median and range of every round's ratio to the first variant. Every variant is then resident at once: no memory
+figures.
 
-Measured per variant: step time, the FLOPs the product counts a step, ``max_memory_allocated`` over the timed steps, reserved, the device's memory
+Measured per variant: step time, the FLOPs the product counts a step and the MFU they give (against the GPU's spec
+peak, and against 788 TFLOP/s, the dense bf16 matmul rate measured on an H200), ``max_memory_allocated`` over the timed steps, reserved, the device's memory
 in use (NVML, else ``cudaMemGetInfo``), memory after building and once the optimizer state exists, and in one
 instrumented step: the memory each decoder layer keeps through the forward, the head loss's transient, and the
 peaks of the forward, the backward and the optimizer step.
@@ -60,13 +62,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workloads import SHAPES, environment, make_worker, packed_batch, target_config  # noqa: E402
+from workloads import SHAPES, environment, make_worker, packed_batch, spec_peak, target_config  # noqa: E402
 
 from draftline.methods import get_method  # noqa: E402
 from draftline.model.config import build_drafter_config  # noqa: E402
 from draftline.sizing.drafter_memory import (  # noqa: E402
     TRACE_SIZES, DrafterStepMemory, PassSize, compiled_part, drafter_step, layer_saved, traced_bytes, trained_params,
 )
+from draftline.sizing.peak import known_peak  # noqa: E402
 from draftline.sizing.shapes import DrafterShape  # noqa: E402
 from draftline.pipeline.transport import Delivery  # noqa: E402
 
@@ -518,6 +521,22 @@ def _spans_ms(ends: list, cuda: bool) -> list[float]:
     return [1e3 * (b - a) for a, b in zip(ends, ends[1:])]
 
 
+CEILING_FLOPS = known_peak("NVIDIA H200").ceiling  # the H200's measured bf16 matmul rate: the second MFU's base
+
+
+def _mfus(tflop_per_step: float, step_ms: float, device) -> dict:
+    """{"mfu_spec": counted FLOPs a step / its time / the GPU's spec peak, "mfu_ceiling": the same / 788 TFLOP/s}; NaN
+    off CUDA or without a FLOP count (a CPU's rate is no base for MFU: sizing.peak.PeakFlops.for_mfu)."""
+    rate = tflop_per_step * 1e12 / (step_ms / 1e3) if device.type == "cuda" else float("nan")
+    return {"mfu_spec": rate / spec_peak(device), "mfu_ceiling": rate / CEILING_FLOPS}
+
+
+def _arm_flops(arm) -> float | None:
+    """The FLOPs the arm's drafter worker has counted so far (None for an arm without the product's counter)."""
+    counters = getattr(getattr(arm, "worker", None), "counters", None)
+    return None if counters is None else counters.flops
+
+
 def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: PassSize) -> dict:
     cuda = measures_memory(device)
     torch._dynamo.reset()  # each variant compiles afresh: none inherits another's graphs or uses up its cache
@@ -548,8 +567,7 @@ def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: 
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         ends = [_mark(cuda)]
-        counters = getattr(getattr(arm, "worker", None), "counters", None)
-        flops0 = counters.flops if counters is not None else None
+        flops0 = _arm_flops(arm)
         for b in batches[args.warmup: args.warmup + args.iters]:
             records.append(arm.step(delivery(b)))
             ends.append(_mark(cuda))
@@ -558,11 +576,12 @@ def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: 
         if cuda:
             result.update(peak_gib=_peak(reset=False), reserved_gib=torch.cuda.max_memory_reserved() / GIB,
                           device_used_gib=_device_used(device))
-        if flops0 is not None:
-            result["tflop_per_step"] = (counters.flops - flops0) / args.iters / 1e12
         result["step_ms"] = [round(t, 2) for t in times]
         result["step_ms_median"] = statistics.median(times)
         result["step_ms_mean"] = statistics.fmean(times)
+        if flops0 is not None:
+            result["tflop_per_step"] = (_arm_flops(arm) - flops0) / args.iters / 1e12
+            result.update(_mfus(result["tflop_per_step"], result["step_ms_median"], device))
         result["losses"] = [_loss_of(r) for r in records if r is not None]
         if cuda:
             probe = Probe(arm.layers)
@@ -617,6 +636,7 @@ def run_paired(names: list[str], args, cfg, device, dtype) -> dict:
         for b in batches[: args.warmup]:
             arm.step(Delivery(b.index, _features(b, arm.width, device, dtype), b))
 
+    flops0 = {name: _arm_flops(arm) for name, arm in arms.items()}
     order, ends = [], [_mark(cuda)]
     for b in batches[args.warmup: args.warmup + args.iters]:
         for name, arm in arms.items():
@@ -629,20 +649,32 @@ def run_paired(names: list[str], args, cfg, device, dtype) -> dict:
     spans = _spans_ms(ends, cuda)
     times = {name: [t for n, t in zip(order, spans) if n == name] for name in names}
     first = times[names[0]]
+    ratios = {n: [t / f for t, f in zip(ts, first)] for n, ts in times.items()}
     result = {"paired": True, "rounds": args.iters, "step_ms": {n: [round(t, 2) for t in ts] for n, ts in times.items()},
               "step_ms_median": {n: statistics.median(ts) for n, ts in times.items()},
-              "ratio_to_first_median": {n: statistics.median(t / f for t, f in zip(ts, first))
-                                        for n, ts in times.items()}}
-    print(f"\n{'variant (paired)':24s} {'ms med':>8s} {'ms mean':>8s} {'/ first, median of rounds':>26s}")
+              "ratio_to_first_median": {n: statistics.median(r) for n, r in ratios.items()},
+              "ratio_to_first_range": {n: (min(r), max(r)) for n, r in ratios.items()}, "tflop_per_step": {},
+              "mfu_spec": {}, "mfu_ceiling": {}}
+    for name, arm in arms.items():
+        if flops0[name] is not None:
+            tflop = result["tflop_per_step"][name] = (_arm_flops(arm) - flops0[name]) / args.iters / 1e12
+            for key, value in _mfus(tflop, result["step_ms_median"][name], device).items():
+                result[key][name] = value
+    print(f"\n{'variant (paired)':24s} {'ms med':>8s} {'ms mean':>8s} {'TFLOP':>6s} {'MFU spec':>8s} {'MFU 788':>8s} "
+          f"{'/ first: median of rounds (range)':>34s}")
+    nan = float("nan")
     for name, ts in times.items():
+        low, high = result["ratio_to_first_range"][name]
         print(f"{name:24s} {statistics.median(ts):8.1f} {statistics.fmean(ts):8.1f} "
-              f"{result['ratio_to_first_median'][name]:26.3f}")
+              f"{result['tflop_per_step'].get(name, nan):6.2f} {100 * result['mfu_spec'].get(name, nan):7.1f}% "
+              f"{100 * result['mfu_ceiling'].get(name, nan):7.1f}% "
+              f"{result['ratio_to_first_median'][name]:19.3f} ({low:.3f}-{high:.3f})")
     return result
 
 
 def print_table(results: list[dict]) -> None:
     cols = [("step_ms_median", "ms med", "8.1f"), ("step_ms_mean", "ms mean", "8.1f"), ("tflop_per_step", "TFLOP", "6.1f"),
-            ("peak_gib", "peak", "7.2f"),
+            ("mfu_spec", "MFU sp", "6.3f"), ("mfu_ceiling", "MFU788", "6.3f"), ("peak_gib", "peak", "7.2f"),
             ("predicted_peak_gib", "pred", "6.2f"), ("reserved_gib", "resv", "6.2f"), ("device_used_gib", "device", "7.2f"),
             ("after_build_gib", "built", "6.2f"), ("after_optimizer_state_gib", "+optim", "6.2f"),
             ("forward_peak_gib", "fwd pk", "6.2f"), ("backward_peak_gib", "bwd pk", "6.2f"),
