@@ -5,8 +5,10 @@ over the logits in three compiled stages or in the row kernel.
 
 **The logits** (``--hidden``, ``--rank``): a chunk's z = h W^T + l W2^T in bf16, as the head's matmul first with
 the bias added into its output (``addmm`` with the logits as the sum's input), or the bias first with the head's
-matmul added into it (``dspark_head_loss._logits_and_bias``, the code the loss runs); each chunk's time and the
-two z's largest difference.
+matmul added into it (``dspark_head_loss._logits_and_bias``, the code the loss runs), or one matmul of [h | l] with
+W and W2 side by side in one [V, H + r] buffer (a layout the loss does not have); each way's time and its z's largest
+difference from the first's. Then the inputs' gradients from dz: dz W and dz W2 as two matmuls (the loss's), or
+dz [W | W2] as one.
 
 **The passes**: the work of one DSpark step's head loss between its matmuls at the 8B shape (8,181 labelled rows in the
 loss's chunks, ``DSparkLoss.chunk_rows`` unless ``--chunk-rows`` says otherwise; a 151,936 vocabulary, 16 slots per
@@ -56,11 +58,11 @@ def _chunks(rows, chunk_rows, vocab, block_size, span, generator, device):
 
 def _logits_orders(chunks, hidden, rank, reps, generator):
     """{order: ms} of forming every chunk's z = h W^T + l W2^T (bf16) in each order, and their largest difference."""
-    vocab = chunks[0][0].shape[1]
-    head = (torch.randn(vocab, hidden, generator=generator) * 0.05).to("cuda", torch.bfloat16)
-    w2 = (torch.randn(vocab, rank, generator=generator) * 0.05).to("cuda", torch.bfloat16)
-    inputs = [(torch.randn(c[0].shape[0], hidden, generator=generator).to("cuda", torch.bfloat16),
-               torch.randn(c[0].shape[0], rank, generator=generator).to("cuda", torch.bfloat16)) for c in chunks]
+    vocab, device = chunks[0][0].shape[1], chunks[0][0].device
+    head = (torch.randn(vocab, hidden, generator=generator) * 0.05).to(device, torch.bfloat16)
+    w2 = (torch.randn(vocab, rank, generator=generator) * 0.05).to(device, torch.bfloat16)
+    inputs = [(torch.randn(c[0].shape[0], hidden, generator=generator).to(device, torch.bfloat16),
+               torch.randn(c[0].shape[0], rank, generator=generator).to(device, torch.bfloat16)) for c in chunks]
     scratch = [torch.empty_like(c[0]) for c in chunks]
 
     def head_first():
@@ -72,16 +74,44 @@ def _logits_orders(chunks, hidden, rank, reps, generator):
         for i, (h, latent) in enumerate(inputs):
             scratch[i] = _logits_and_bias(h, latent, head, w2, True)[0]
 
-    times = {"head first, bias added": _time(head_first, reps), "bias first, head added": _time(bias_first, reps)}
-    head_first()
-    first = [z.clone() for z in scratch]
-    bias_first()
-    worst = max(((a.float() - b.float()).abs().max() / a.float().abs().max()).item() for a, b in zip(first, scratch))
+    # W and W2 side by side in one [V, H + r] buffer (built once, as a head stored that way would be): z in one
+    # matmul over [h | l], and the inputs' gradients [dh | dl] = dz [W | W2] in one.
+    both = torch.cat([head, w2], dim=1)
+
+    def one_matmul():
+        for i, (h, latent) in enumerate(inputs):
+            torch.mm(torch.cat([h, latent], dim=1), both.t(), out=scratch[i])
+
+    apart = [(torch.empty_like(h), torch.empty_like(latent)) for h, latent in inputs]
+    grads = [torch.empty(h.shape[0], hidden + rank, dtype=h.dtype, device=h.device) for h, _ in inputs]
+
+    def grads_apart():
+        for z, (dh, dl) in zip(scratch, apart):
+            torch.mm(z, head, out=dh)
+            torch.mm(z, w2, out=dl)
+
+    def grads_at_once():
+        for z, out in zip(scratch, grads):
+            torch.mm(z, both, out=out)
+
+    times = {"head first, bias added": _time(head_first, reps), "bias first, head added": _time(bias_first, reps),
+             "one matmul over [h | l] and [W | W2]": _time(one_matmul, reps)}
+    zs = {}
+    for name, fn in (("head first, bias added", head_first), ("bias first, head added", bias_first),
+                     ("one matmul over [h | l] and [W | W2]", one_matmul)):
+        fn()
+        zs[name] = [z.float() for z in scratch]
+    first = zs["head first, bias added"]
+    worst = {name: max(((a - b).abs().max() / a.abs().max()).item() for a, b in zip(first, z)) for name, z in zs.items()}
     flops = sum(2 * h.shape[0] * vocab * (hidden + rank) for h, _ in inputs)
     for name, ms in times.items():
-        print(f"  {name:40s} {ms:7.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s")
-    print(f"  the two z's largest difference, relative to the largest |z|: {worst:.1e}")
-    return {"ms": times, "flops": flops, "max_relative_difference": worst}
+        print(f"  {name:40s} {ms:7.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s  largest difference from the first, "
+              f"relative to the largest |z|: {worst[name]:.1e}")
+    backward = {"dz W and dz W2 apart": _time(grads_apart, reps), "dz [W | W2] at once": _time(grads_at_once, reps)}
+    for name, ms in backward.items():
+        print(f"  the inputs' gradients, {name:27s} {ms:7.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s")
+    del both, grads, apart
+    return {"ms": times, "backward_ms": backward, "flops": flops, "max_relative_difference": worst}
 
 
 def _teacher_normalisers(chunks, programs, warps, reps):
