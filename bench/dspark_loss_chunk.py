@@ -8,7 +8,9 @@ the bias added into its output (``addmm`` with the logits as the sum's input), o
 matmul added into it (``dspark_head_loss._logits_and_bias``, the code the loss runs), or one matmul of [h | l] with
 W and W2 side by side in one [V, H + r] buffer (a layout the loss does not have); each way's time and its z's largest
 difference from the first's. Then the inputs' gradients from dz: dz W and dz W2 as two matmuls (the loss's), or
-dz [W | W2] as one.
+dz [W | W2] as one; and each of the backward's matmuls alone: dz W, dz W2 (few output tiles over a sum as long
+as the vocabulary), dz W2 with that sum cut into slices of the vocabulary (one batched matmul, the slices' partial
+results added in fp32), and W2's gradient dz^T l.
 
 **The passes**: the work of one DSpark step's head loss between its matmuls at the 8B shape (8,181 labelled rows in the
 loss's chunks, ``DSparkLoss.chunk_rows`` unless ``--chunk-rows`` says otherwise; a 151,936 vocabulary, 16 slots per
@@ -94,6 +96,31 @@ def _logits_orders(chunks, hidden, rank, reps, generator):
         for z, out in zip(scratch, grads):
             torch.mm(z, both, out=out)
 
+    def dh_alone():
+        for z, (dh, _) in zip(scratch, apart):
+            torch.mm(z, head, out=dh)
+
+    def dl_alone():
+        for z, (_, dl) in zip(scratch, apart):
+            torch.mm(z, w2, out=dl)
+
+    # dz W2 has few output tiles ([R, r]) over a long sum (K = V): the sum cut into slices of the vocabulary, one
+    # batched matmul over the slices, then their partial results added.
+    slices = next(s for s in (8, 4, 2, 1) if vocab % s == 0)
+    w2_sliced = w2.view(slices, vocab // slices, rank)
+
+    def dl_sliced():
+        for z, (_, dl) in zip(scratch, apart):
+            partial = torch.bmm(z.view(z.shape[0], slices, vocab // slices).transpose(0, 1), w2_sliced)
+            torch.sum(partial, dim=0, dtype=torch.float32, out=dl_sum[: z.shape[0]])
+            dl.copy_(dl_sum[: z.shape[0]])
+
+    dl_sum = torch.empty(max(z.shape[0] for z in scratch), rank, dtype=torch.float32, device=device)
+
+    def dw2():
+        for z, (h, latent) in zip(scratch, inputs):
+            torch.mm(z.t(), latent)
+
     times = {"head first, bias added": _time(head_first, reps), "bias first, head added": _time(bias_first, reps),
              "one matmul over [h | l] and [W | W2]": _time(one_matmul, reps)}
     zs = {}
@@ -110,6 +137,18 @@ def _logits_orders(chunks, hidden, rank, reps, generator):
     backward = {"dz W and dz W2 apart": _time(grads_apart, reps), "dz [W | W2] at once": _time(grads_at_once, reps)}
     for name, ms in backward.items():
         print(f"  the inputs' gradients, {name:27s} {ms:7.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s")
+    rows = sum(h.shape[0] for h, _ in inputs)
+    parts = {"dz W": (dh_alone, hidden), "dz W2": (dl_alone, rank),
+             f"dz W2, the vocabulary in {slices} slices": (dl_sliced, rank), "dz^T l (W2's gradient)": (dw2, rank)}
+    for name, (fn, width) in parts.items():
+        backward[name] = ms = _time(fn, reps)
+        print(f"  {name:40s} {ms:7.3f} ms  {2 * rows * vocab * width / ms / 1e9:6.1f} TFLOP/s")
+    dl_sliced()
+    sliced = [dl.float() for _, dl in apart]
+    dl_alone()
+    worst["dz W2 sliced against whole"] = max(((a - b.float()).abs().max() / b.float().abs().max()).item()
+                                              for a, (_, b) in zip(sliced, apart))
+    print(f"  dz W2 sliced against whole: largest difference {worst['dz W2 sliced against whole']:.1e} of the largest")
     del both, grads, apart
     return {"ms": times, "backward_ms": backward, "flops": flops, "max_relative_difference": worst}
 
