@@ -126,21 +126,31 @@ def print_trace(mode: str, shape: DrafterShape, size: PassSize) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the measurement
-def kernel_profile(step, steps: int = 3, top: int = 30) -> dict:
-    """``steps`` steps under torch's profiler: each kernel's device time a step (ms), the largest first, and the
-    steps' whole device time. Kernel names of compiled code name the operations they fuse."""
+def kernel_profile(step, steps: int = 3, top: int = 30, matmuls: bool = False) -> dict:
+    """``steps`` steps under torch's profiler: each kernel's device time a step (ms), the ``top`` largest first, and
+    the steps' whole device time. Kernel names of compiled code name the operations they fuse. ``matmuls``: also each
+    matmul call (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``) by its inputs' shapes, with its device time a step,
+    so that matmuls whose kernels share a name are told apart."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if matmuls else [])
+    with profile(activities=activities, record_shapes=matmuls) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
     kernels = [(e.key, e.self_device_time_total / 1e3 / steps, e.count // steps) for e in prof.key_averages()
                if e.self_device_time_total > 0]
     kernels.sort(key=lambda k: -k[1])
-    return {"device_ms_per_step": sum(k[1] for k in kernels),
-            "kernels": [f"{ms:8.2f} ms  x{n:<4d} {name[:110]}" for name, ms, n in kernels[:top]]}
+    result = {"device_ms_per_step": sum(k[1] for k in kernels),
+              "kernels": [f"{ms:8.2f} ms  x{n:<4d} {name[:110]}" for name, ms, n in kernels[:top]]}
+    if matmuls:
+        calls = [(e.device_time_total / 1e3 / steps, e.count // steps, e.key, e.input_shapes)
+                 for e in prof.key_averages(group_by_input_shape=True)
+                 if e.key in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm") and e.device_time_total > 0]
+        calls.sort(key=lambda c: -c[0])
+        result["matmuls"] = [f"{ms:8.2f} ms  x{n:<4d} {key} {shapes}" for ms, n, key, shapes in calls]
+    return result
 
 
 def _allocated() -> float:
@@ -601,7 +611,8 @@ def run_variant(name: str, args, cfg, device, dtype, shape: DrafterShape, size: 
         if args.peak_owners and cuda:
             result["peak_owners"] = peak_owners(lambda: arm.step(delivery(batches[-1])))
         if args.profile and cuda:
-            result["profile"] = kernel_profile(lambda: arm.step(delivery(batches[-1])))
+            result["profile"] = kernel_profile(lambda: arm.step(delivery(batches[-1])), top=args.profile_kernels,
+                                               matmuls=args.profile_matmuls)
         if args.saved_tensors:
             try:
                 result["saved_tensors"] = saved_by_layer(arm.layers, lambda: arm.forward_only(delivery(batches[-1])))
@@ -719,6 +730,11 @@ def main() -> int:
                              "by the code that allocated it")
     parser.add_argument("--profile", action="store_true",
                         help="also run three steps under torch's profiler and print each kernel's device time a step")
+    parser.add_argument("--profile-kernels", type=int, default=30,
+                        help="with --profile: how many kernels to print, the largest first (default: %(default)s)")
+    parser.add_argument("--profile-matmuls", action="store_true",
+                        help="with --profile: also print every matmul call by its inputs' shapes, with its device "
+                             "time a step")
     parser.add_argument("--paired", action="store_true",
                         help="time the variants' steps in turn, one of each a round (no memory figures)")
     parser.add_argument("--json", type=Path, help="write the results (and the environment) here")
@@ -771,6 +787,10 @@ def main() -> int:
             print(f"  {r['variant']}: kernels, {prof['device_ms_per_step']:.1f} ms of device time a step:")
             for line in prof["kernels"]:
                 print(f"    {line}")
+            if prof.get("matmuls"):
+                print(f"  {r['variant']}: matmuls by their inputs' shapes:")
+                for line in prof["matmuls"]:
+                    print(f"    {line}")
         for where, entry in (r.get("saved_tensors") or {}).items():
             print(f"  {r['variant']}: saved {where}: " + (entry if isinstance(entry, str) else
                   f"{entry['mib']:.0f} MiB in {entry['tensors']} storages; largest {'; '.join(entry['largest'])}"))
