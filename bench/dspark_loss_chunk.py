@@ -10,7 +10,7 @@ W and W2 side by side in one [V, H + r] buffer (a layout the loss does not have)
 difference from the first's. Then the inputs' gradients from dz: dz W and dz W2 as two matmuls (the loss's), or
 dz [W | W2] as one; and each of the backward's matmuls alone: dz W, dz W2 (few output tiles over a sum as long
 as the vocabulary), dz W2 with that sum cut into slices of the vocabulary (one batched matmul, the slices' partial
-results added in fp32), and W2's gradient dz^T l.
+results added in fp32), and W2's gradient dz^T l (in bf16; the loss adds it into an fp32 total).
 
 **The passes**: the work of one DSpark step's head loss between its matmuls at the 8B shape (8,181 labelled rows in the
 loss's chunks, ``DSparkLoss.chunk_rows`` unless ``--chunk-rows`` says otherwise; a 151,936 vocabulary, 16 slots per
@@ -117,8 +117,8 @@ def _logits_orders(chunks, hidden, rank, reps, generator):
 
     dl_sum = torch.empty(max(z.shape[0] for z in scratch), rank, dtype=torch.float32, device=device)
 
-    def dw2():
-        for z, (h, latent) in zip(scratch, inputs):
+    def dw2():  # a bf16 product: the loss adds it into an fp32 total in the matmul instead (_add_product)
+        for z, (_, latent) in zip(scratch, inputs):
             torch.mm(z.t(), latent)
 
     times = {"head first, bias added": _time(head_first, reps), "bias first, head added": _time(bias_first, reps),
@@ -139,7 +139,8 @@ def _logits_orders(chunks, hidden, rank, reps, generator):
         print(f"  the inputs' gradients, {name:27s} {ms:7.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s")
     rows = sum(h.shape[0] for h, _ in inputs)
     parts = {"dz W": (dh_alone, hidden), "dz W2": (dl_alone, rank),
-             f"dz W2, the vocabulary in {slices} slices": (dl_sliced, rank), "dz^T l (W2's gradient)": (dw2, rank)}
+             f"dz W2, the vocabulary in {slices} slices": (dl_sliced, rank),
+             "dz^T l (W2's gradient, bf16)": (dw2, rank)}
     for name, (fn, width) in parts.items():
         backward[name] = ms = _time(fn, reps)
         print(f"  {name:40s} {ms:7.3f} ms  {2 * rows * vocab * width / ms / 1e9:6.1f} TFLOP/s")
