@@ -84,11 +84,11 @@ class LineStatus:
     eta_s: float | None = None
     """Seconds to the last step at the recent rate."""
     compile_s: float = 0.0
-    """Seconds the line's processes have spent compiling (``torch.compile``) since they started, summed over the
-    ranks; preflight's warm-up included."""
+    """Seconds the line's processes have spent compiling (``torch.compile``, and Triton's kernels of libraries outside
+    it: ``compile_clock``) since they started, summed over the ranks; preflight's warm-up included."""
     compiling_s: float = 0.0
     """Of ``compile_s``, the seconds since the status before: a window whose rates fell while this is high was
-    compiling for a new shape, not running slowly."""
+    compiling for a new shape (or new kernel arguments), not running slowly."""
     gpus: list[GpuStats] = field(default_factory=list)
     """Memory and utilisation of each GPU of the line (none for CPU ranks)."""
     num_targets: int | None = None
