@@ -69,7 +69,7 @@ from draftline.model.config import build_drafter_config  # noqa: E402
 from draftline.sizing.drafter_memory import (  # noqa: E402
     TRACE_SIZES, DrafterStepMemory, PassSize, compiled_part, drafter_step, layer_saved, traced_bytes, trained_params,
 )
-from draftline.sizing.peak import known_peak  # noqa: E402
+from draftline.sizing.peak import known_peak, mfu  # noqa: E402
 from draftline.sizing.shapes import DrafterShape  # noqa: E402
 from draftline.pipeline.transport import Delivery  # noqa: E402
 
@@ -535,10 +535,12 @@ CEILING_FLOPS = known_peak("NVIDIA H200").ceiling  # the H200's measured bf16 ma
 
 
 def _mfus(tflop_per_step: float, step_ms: float, device) -> dict:
-    """{"mfu_spec": counted FLOPs a step / its time / the GPU's spec peak, "mfu_ceiling": the same / 788 TFLOP/s}; NaN
-    off CUDA or without a FLOP count (a CPU's rate is no base for MFU: sizing.peak.PeakFlops.for_mfu)."""
-    rate = tflop_per_step * 1e12 / (step_ms / 1e3) if device.type == "cuda" else float("nan")
-    return {"mfu_spec": rate / spec_peak(device), "mfu_ceiling": rate / CEILING_FLOPS}
+    """{"mfu_spec": ``sizing.peak.mfu`` of a step's counted FLOPs against the GPU's spec peak, "mfu_ceiling": the same
+    against 788 TFLOP/s}; NaN off CUDA (a CPU's rate is no base for MFU: sizing.peak.PeakFlops.for_mfu)."""
+    if device.type != "cuda":
+        return {"mfu_spec": float("nan"), "mfu_ceiling": float("nan")}
+    flops, seconds = tflop_per_step * 1e12, step_ms / 1e3
+    return {"mfu_spec": mfu(flops, seconds, spec_peak(device)), "mfu_ceiling": mfu(flops, seconds, CEILING_FLOPS)}
 
 
 def _arm_flops(arm) -> float | None:
