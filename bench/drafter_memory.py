@@ -126,11 +126,39 @@ def print_trace(mode: str, shape: DrafterShape, size: PassSize) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the measurement
+OVERHEAD = ("Command Buffer Full",)
+"""CUPTI's records of a launch that waited for room in the command buffer: not a kernel (the CPU was ahead of the GPU),
+but the profiler lists them as device time and adds them to the operator that launched."""
+
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def _kernels(event) -> list:
+    """The kernels an operator launched (its children's included), CUPTI's overhead left out."""
+    return ([k for k in event.kernels if k.name not in OVERHEAD]
+            + [k for child in event.cpu_children for k in _kernels(child)])
+
+
+def _matmul_flop(name: str, shapes) -> float:
+    """2 M N K of a matmul call from its inputs' shapes (``addmm``'s first input is the one added)."""
+    a, b = (shapes[1], shapes[2]) if name in ("aten::addmm", "aten::baddbmm") else (shapes[0], shapes[1])
+    batch = a[0] if len(a) == 3 else 1
+    return 2.0 * batch * a[-2] * a[-1] * b[-1]
+
+
+def _annotation(name: str) -> bool:
+    """A range the profiler shows on the GPU's timeline for a span of host code (a compiled graph's call, the optimizer's
+    step), not a kernel: its time is its kernels' again."""
+    return name.startswith("## ") or "#" in name
+
+
 def kernel_profile(step, steps: int = 3, top: int = 30, matmuls: bool = False) -> dict:
     """``steps`` steps under torch's profiler: each kernel's device time a step (ms), the ``top`` largest first, and
-    the steps' whole device time. Kernel names of compiled code name the operations they fuse. ``matmuls``: also each
-    matmul call (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``) by its inputs' shapes, with its device time a step,
-    so that matmuls whose kernels share a name are told apart."""
+    the steps' whole device time (kernels only; CUPTI's "Command Buffer Full" records apart). Kernel names of
+    compiled code name the operations they fuse. ``matmuls``: also each matmul call (``aten::mm``, ``addmm``,
+    ``bmm``, ``baddbmm``) by its inputs' shapes, with its kernels' device time a step and their rate, so that
+    matmuls whose kernels share a name are told apart."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -139,17 +167,31 @@ def kernel_profile(step, steps: int = 3, top: int = 30, matmuls: bool = False) -
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    kernels = [(e.key, e.self_device_time_total / 1e3 / steps, e.count // steps) for e in prof.key_averages()
-               if e.self_device_time_total > 0]
+    device = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0
+              and not _annotation(e.key)]
+    kernels = [(e.key, e.self_device_time_total / 1e3 / steps, e.count // steps) for e in device
+               if e.key not in OVERHEAD]
     kernels.sort(key=lambda k: -k[1])
     result = {"device_ms_per_step": sum(k[1] for k in kernels),
+              "overhead_ms_per_step": sum(e.self_device_time_total for e in device if e.key in OVERHEAD) / 1e3 / steps,
               "kernels": [f"{ms:8.2f} ms  x{n:<4d} {name[:110]}" for name, ms, n in kernels[:top]]}
     if matmuls:
-        calls = [(e.device_time_total / 1e3 / steps, e.count // steps, e.key, e.input_shapes)
-                 for e in prof.key_averages(group_by_input_shape=True)
-                 if e.key in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm") and e.device_time_total > 0]
-        calls.sort(key=lambda c: -c[0])
-        result["matmuls"] = [f"{ms:8.2f} ms  x{n:<4d} {key} {shapes}" for ms, n, key, shapes in calls]
+        calls: dict = {}
+        for event in prof.events():
+            if event.name in MATMULS and event.device_type == DeviceType.CPU:
+                call = calls.setdefault((event.name, str(event.input_shapes)), {"us": 0.0, "n": 0, "flop": 0.0, "by": {}})
+                call["n"] += 1
+                call["flop"] += _matmul_flop(event.name, event.input_shapes)
+                for kernel in _kernels(event):
+                    call["us"] += kernel.duration
+                    call["by"][kernel.name] = call["by"].get(kernel.name, 0.0) + kernel.duration
+        rows = sorted(calls.items(), key=lambda item: -item[1]["us"])
+        result["matmuls"] = [
+            f"{c['us'] / 1e3 / steps:8.2f} ms  x{c['n'] // steps:<4d} {c['flop'] / c['us'] / 1e6:5.0f} TFLOP/s  {name} "
+            f"{shapes}  <- " + "; ".join(f"{k[:48]} {us / 1e3 / steps:.2f}" for k, us in sorted(c["by"].items(),
+                                                                                           key=lambda kv: -kv[1]))
+            for (name, shapes), c in rows if c["us"] > 0]
+        result["matmul_ms_per_step"] = sum(c["us"] for c in calls.values()) / 1e3 / steps
     return result
 
 
@@ -735,8 +777,8 @@ def main() -> int:
     parser.add_argument("--profile-kernels", type=int, default=30,
                         help="with --profile: how many kernels to print, the largest first (default: %(default)s)")
     parser.add_argument("--profile-matmuls", action="store_true",
-                        help="with --profile: also print every matmul call by its inputs' shapes, with its device "
-                             "time a step")
+                        help="with --profile: also print every matmul call by its inputs' shapes, with its kernels' "
+                             "device time a step and their rate")
     parser.add_argument("--paired", action="store_true",
                         help="time the variants' steps in turn, one of each a round (no memory figures)")
     parser.add_argument("--json", type=Path, help="write the results (and the environment) here")
@@ -786,11 +828,12 @@ def main() -> int:
                 print(f"    {line}")
         prof = r.get("profile")
         if prof:
-            print(f"  {r['variant']}: kernels, {prof['device_ms_per_step']:.1f} ms of device time a step:")
+            print(f"  {r['variant']}: kernels, {prof['device_ms_per_step']:.1f} ms of device time a step "
+                  f"(and {prof['overhead_ms_per_step']:.1f} ms of CUPTI's 'Command Buffer Full', left out):")
             for line in prof["kernels"]:
                 print(f"    {line}")
             if prof.get("matmuls"):
-                print(f"  {r['variant']}: matmuls by their inputs' shapes:")
+                print(f"  {r['variant']}: matmuls by their inputs' shapes, {prof['matmul_ms_per_step']:.1f} ms a step:")
                 for line in prof["matmuls"]:
                     print(f"    {line}")
         for where, entry in (r.get("saved_tensors") or {}).items():
