@@ -139,6 +139,16 @@ def _kernels(event) -> list:
             + [k for child in event.cpu_children for k in _kernels(child)])
 
 
+def _inside_matmul(event) -> bool:
+    """Whether a matmul call runs inside another one (its kernels are that one's already)."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name in MATMULS:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
 def _matmul_flop(name: str, shapes) -> float:
     """2 M N K of a matmul call from its inputs' shapes (``addmm``'s first input is the one added)."""
     a, b = (shapes[1], shapes[2]) if name in ("aten::addmm", "aten::baddbmm") else (shapes[0], shapes[1])
@@ -150,6 +160,34 @@ def _annotation(name: str) -> bool:
     """A range the profiler shows on the GPU's timeline for a span of host code (a compiled graph's call, the optimizer's
     step), not a kernel: its time is its kernels' again."""
     return name.startswith("## ") or "#" in name
+
+
+def _matmul_calls(prof, steps: int, listed: dict) -> dict:
+    """Each matmul call of a profile by its name and inputs' shapes: its kernels' device time a step, their rate and
+    names; and the check of those kernels against their totals in the kernels' list (``listed``, ms a step)."""
+    from torch.autograd import DeviceType
+
+    calls: dict = {}
+    for event in prof.events():
+        if event.name in MATMULS and event.device_type == DeviceType.CPU and not _inside_matmul(event):
+            call = calls.setdefault((event.name, str(event.input_shapes)), {"us": 0.0, "n": 0, "flop": 0.0, "by": {}})
+            call["n"] += 1
+            call["flop"] += _matmul_flop(event.name, event.input_shapes)
+            for kernel in _kernels(event):
+                call["us"] += kernel.duration
+                call["by"][kernel.name] = call["by"].get(kernel.name, 0.0) + kernel.duration
+    lines, attributed = [], {}
+    for (name, shapes), c in sorted(calls.items(), key=lambda item: -item[1]["us"]):
+        if c["us"] <= 0:
+            continue
+        by = sorted(c["by"].items(), key=lambda kv: -kv[1])
+        for kernel, us in by:
+            attributed[kernel] = attributed.get(kernel, 0.0) + us / 1e3 / steps
+        lines.append(f"{c['us'] / 1e3 / steps:8.2f} ms  x{c['n'] // steps:<4d} {c['flop'] / c['us'] / 1e6:5.0f} TFLOP/s  "
+                     f"{name} {shapes}  <- " + "; ".join(f"{k[:48]} {us / 1e3 / steps:.2f}" for k, us in by))
+    check = [f"{kernel[:60]}: {ms:.2f} ms in the calls, {listed.get(kernel, 0.0):.2f} in the kernels' list"
+             for kernel, ms in attributed.items() if abs(ms - listed.get(kernel, 0.0)) > 0.05]
+    return {"matmuls": lines, "matmul_ms_per_step": sum(attributed.values()), "matmul_check": check}
 
 
 def kernel_profile(step, steps: int = 3, top: int = 30, matmuls: bool = False) -> dict:
@@ -176,22 +214,7 @@ def kernel_profile(step, steps: int = 3, top: int = 30, matmuls: bool = False) -
               "overhead_ms_per_step": sum(e.self_device_time_total for e in device if e.key in OVERHEAD) / 1e3 / steps,
               "kernels": [f"{ms:8.2f} ms  x{n:<4d} {name[:110]}" for name, ms, n in kernels[:top]]}
     if matmuls:
-        calls: dict = {}
-        for event in prof.events():
-            if event.name in MATMULS and event.device_type == DeviceType.CPU:
-                call = calls.setdefault((event.name, str(event.input_shapes)), {"us": 0.0, "n": 0, "flop": 0.0, "by": {}})
-                call["n"] += 1
-                call["flop"] += _matmul_flop(event.name, event.input_shapes)
-                for kernel in _kernels(event):
-                    call["us"] += kernel.duration
-                    call["by"][kernel.name] = call["by"].get(kernel.name, 0.0) + kernel.duration
-        rows = sorted(calls.items(), key=lambda item: -item[1]["us"])
-        result["matmuls"] = [
-            f"{c['us'] / 1e3 / steps:8.2f} ms  x{c['n'] // steps:<4d} {c['flop'] / c['us'] / 1e6:5.0f} TFLOP/s  {name} "
-            f"{shapes}  <- " + "; ".join(f"{k[:48]} {us / 1e3 / steps:.2f}" for k, us in sorted(c["by"].items(),
-                                                                                           key=lambda kv: -kv[1]))
-            for (name, shapes), c in rows if c["us"] > 0]
-        result["matmul_ms_per_step"] = sum(c["us"] for c in calls.values()) / 1e3 / steps
+        result.update(_matmul_calls(prof, steps, {name: ms for name, ms, _ in kernels}))
     return result
 
 
@@ -836,6 +859,8 @@ def main() -> int:
                 print(f"  {r['variant']}: matmuls by their inputs' shapes, {prof['matmul_ms_per_step']:.1f} ms a step:")
                 for line in prof["matmuls"]:
                     print(f"    {line}")
+                for line in prof["matmul_check"]:
+                    print(f"    the profiler gave a kernel to the calls more than once: {line}")
         for where, entry in (r.get("saved_tensors") or {}).items():
             print(f"  {r['variant']}: saved {where}: " + (entry if isinstance(entry, str) else
                   f"{entry['mib']:.0f} MiB in {entry['tensors']} storages; largest {'; '.join(entry['largest'])}"))
