@@ -860,7 +860,7 @@ def main() -> int:
                 for line in prof["matmuls"]:
                     print(f"    {line}")
                 for line in prof["matmul_check"]:
-                    print(f"    the profiler gave a kernel to the calls more than once: {line}")
+                    print(f"    a kernel whose sum over the calls is not its own total: {line}")
         for where, entry in (r.get("saved_tensors") or {}).items():
             print(f"  {r['variant']}: saved {where}: " + (entry if isinstance(entry, str) else
                   f"{entry['mib']:.0f} MiB in {entry['tensors']} storages; largest {'; '.join(entry['largest'])}"))
