@@ -108,14 +108,13 @@ def _logits_orders(chunks, hidden, rank, reps, generator):
     # batched matmul over the slices, then their partial results added.
     slices = next(s for s in (8, 4, 2, 1) if vocab % s == 0)
     w2_sliced = w2.view(slices, vocab // slices, rank)
+    dl_sum = torch.empty(max(z.shape[0] for z in scratch), rank, dtype=torch.float32, device=device)
 
     def dl_sliced():
         for z, (_, dl) in zip(scratch, apart):
             partial = torch.bmm(z.view(z.shape[0], slices, vocab // slices).transpose(0, 1), w2_sliced)
             torch.sum(partial, dim=0, dtype=torch.float32, out=dl_sum[: z.shape[0]])
             dl.copy_(dl_sum[: z.shape[0]])
-
-    dl_sum = torch.empty(max(z.shape[0] for z in scratch), rank, dtype=torch.float32, device=device)
 
     def dw2():  # a bf16 product: the loss adds it into an fp32 total in the matmul instead (_add_product)
         for z, (_, latent) in zip(scratch, inputs):
