@@ -9,7 +9,8 @@
 
 Workloads (random weights built from a config; weights do not matter for speed), each skippable with --skip:
 - target: the frozen target's feature pass over packed batches of log-normal lengths (mean ~2.8K,
-  capped at 8K) filling the token budget, eager and then compiled (``--no-compile``: eager only);
+  capped at 8K) filling the token budget, eager and then compiled (``--target-modes``; ``--no-compile``: eager
+  only), and with ``--target-fp8`` again with its linear layers in FP8 (the same weights' seed and batches);
   with a hybrid shape (27b-hybrid, tiny-hybrid) on a GPU it needs flash-linear-attention;
 - drafter-3072: one 3,072-token sample with 512 anchors, block 16: forward, backward, AdamW step
   (the comparison point with SpecForge's own step, docs/benchmarks/2026-12-drafter-step.md);
@@ -78,45 +79,49 @@ def bench_target(args, device, dtype, peak, rows):
     from draftline.model.target import default_attention
 
     hybrid = linear_attention.is_hybrid(target_config(args.shape))
-    model = random_target(args.shape, device, dtype, default_attention(device, hybrid))
-    say("target", f"{args.shape} built")
-    layers = model.config.num_hidden_layers
-    drafter_cfg = build_drafter_config(model.config, num_hidden_layers=5, block_size=16)
+    drafter_cfg = build_drafter_config(target_config(args.shape), num_hidden_layers=5, block_size=16)
     ids = drafter_cfg.dflash_config["target_layer_ids"]
-    shape = TargetShape.of(model.config)
-    target = TargetFeatures.from_model(model, ids)
+    shape = TargetShape.of(target_config(args.shape))
     rng = np.random.default_rng(0)
     batches = [packed_batch(lognormal_lengths(rng, args.budget), shape.vocab_size, i, i) for i in range(args.iters + 2)]
-    variants = ["eager"] if args.no_compile else ["eager", "compiled"]
-    for variant in variants:
-        if variant == "compiled":
-            from draftline.model.fused import compile_target
+    modes = ["eager"] if args.no_compile else args.target_modes.split(",")
+    for fp8 in [False, True] if args.target_fp8 else [False]:
+        model = random_target(args.shape, device, dtype, default_attention(device, hybrid))  # the same seed's weights
+        say("target", f"{args.shape} built" + (", its linear layers in FP8" if fp8 else ""))
+        target = TargetFeatures.from_model(model, ids, fp8=fp8)
+        for mode in modes:
+            variant = f"{mode}, FP8" if fp8 else mode
+            if mode == "compiled":
+                from draftline.model.fused import compile_target
 
-            compile_target(target)
-        t0 = time.perf_counter()
-        for b in batches[:2]:  # warm up (compilation, autotuning)
-            target(b)
-        sync(device)
-        warm_s = time.perf_counter() - t0
-        say("target", f"{variant}: warmed up in {warm_s:.0f} s; timing {len(batches) - 2} batches")
-        reset_peak(device)
-        times, flops, tokens, samples = [], 0.0, 0, 0
-        with ClockWatch(device) as clock:
-            for b in batches[2:]:
-                start = time.perf_counter()
+                compile_target(target)
+            t0 = time.perf_counter()
+            for b in batches[:2]:  # warm up (compilation, autotuning)
                 target(b)
-                sync(device)
-                times.append(time.perf_counter() - start)
-                flops += target_flops(shape, b.doc_lengths, max(ids) + 1)
-                tokens += b.num_tokens
-                samples += b.num_docs
-        wall = sum(times)
-        rows.append(row(f"{args.shape} target, packed {args.budget} tok, {variant}", "target", tokens / wall,
-                        samples / wall, flops / wall, peak, peak_gib(device), reserved=reserved_gib(device),
-                        extra=f"ms/batch {', '.join(f'{1e3 * t:.0f}' for t in times)}; warm-up {warm_s:.0f} s; "
-                              f"{clock.summary.text()}", clock=clock.summary, step_s=times))
-    del target, model
-    return drafter_cfg, layers
+            sync(device)
+            warm_s = time.perf_counter() - t0
+            say("target", f"{variant}: warmed up in {warm_s:.0f} s; timing {len(batches) - 2} batches")
+            reset_peak(device)
+            times, flops, tokens, samples = [], 0.0, 0, 0
+            with ClockWatch(device) as clock:
+                for b in batches[2:]:
+                    start = time.perf_counter()
+                    target(b)
+                    sync(device)
+                    times.append(time.perf_counter() - start)
+                    flops += target_flops(shape, b.doc_lengths, max(ids) + 1)
+                    tokens += b.num_tokens
+                    samples += b.num_docs
+            wall = sum(times)
+            rows.append(row(f"{args.shape} target, packed {args.budget} tok, {variant}", "target", tokens / wall,
+                            samples / wall, flops / wall, peak, peak_gib(device), reserved=reserved_gib(device),
+                            extra=f"ms/batch {', '.join(f'{1e3 * t:.0f}' for t in times)}; warm-up {warm_s:.0f} s; "
+                                  f"{clock.summary.text()}", clock=clock.summary, step_s=times))
+        del target, model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return drafter_cfg, shape.num_layers
 
 
 def bench_drafter(args, cfg, device, dtype, peak, rows, name, make_batches):
@@ -419,6 +424,12 @@ def main() -> int:
     parser.add_argument("--head-chunk-rows", type=int, default=2048,
                         help="rows of logits per LM-head chunk in the drafter rows (default: %(default)s; "
                              "train's default is 4096: 1.4-1.8 GiB more on the 8B drafter, not clearly faster)")
+    parser.add_argument("--target-modes", default="eager,compiled",
+                        help="the target row's passes, comma-separated: eager, compiled (default: %(default)s; "
+                             "--no-compile: eager)")
+    parser.add_argument("--target-fp8", action="store_true",
+                        help="the target row again with its linear layers in FP8 (train's --target-fp8), same batches; "
+                             "the MFU stays counted against the bf16 peak")
     parser.add_argument("--no-compile", action="store_true",
                         help="drafter and target layers eager (no torch.compile), in the rows and the line")
     parser.add_argument("--attention", default="auto", choices=["auto", "flex", "flash", "dense"],

@@ -80,6 +80,12 @@ class ModelConfig:
     dtype: str = opt("auto", "--dtype", check=OneOf(("auto", "bfloat16", "float32")))
     """Compute dtype: auto (bfloat16 on GPU, float32 on CPU), bfloat16 or float32. Master weights and
     optimizer state stay float32 either way; float32 on GPU only to check numerics (slower)."""
+    target_fp8: bool = opt(False, "--target-fp8")
+    """Run the target's decoder linear layers in FP8 (e4m3 weights with a scale per output channel, activations
+    scaled per row: the dynamic recipe vLLM and SGLang serve FP8 with; model/fp8.py): a faster target pass on GPUs
+    with FP8 tensor cores (Hopper, Blackwell) and half the memory for its weights. The drafter then learns the
+    features an FP8-served target computes, which differ from bf16 ones by FP8's rounding: use it for a target
+    you serve in FP8. Off = the target in the compute dtype. Not with --target-parallel above 1."""
 
 
 @dataclass
@@ -473,6 +479,10 @@ def validate(config: TrainConfig) -> None:
         chosen = switch.flags[0] if m.init_from_target else switch.off
         raise DraftlineError(f"{flag_of(m, 'init_drafter')} and {chosen} both set the starting weights; pick one")
     t = config.topology
+    if m.target_fp8 and t.target_parallel > 1:
+        raise DraftlineError(f"{flag_of(m, 'target_fp8')} converts a whole target's linear layers; a target split "
+                             f"over ranks ({named(t, 'target_parallel')} = {t.target_parallel}) keeps its dtype: "
+                             f"drop one of the two")
     if t.targets is not None and t.targets % t.target_parallel:
         raise DraftlineError(
             f"{named(t, 'targets')} = {t.targets} counts the ranks of the target groups of "

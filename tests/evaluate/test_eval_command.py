@@ -96,3 +96,27 @@ def test_drafter_for_another_target_is_refused(chat_run, qwen3_target, tmp_path,
     code = main(["eval", "--target", str(qwen3_target), "--drafter", str(run_dir), "--prompts", str(prompts)])
     err = capsys.readouterr().err
     assert code == 2 and "does not match the target" in err and "vocab_size" in err
+
+
+def test_eval_against_an_fp8_target_decodes_as_that_target(chat_run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from draftline.model.target import convert_to_fp8
+
+    target_dir, run_dir = chat_run
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"input_ids": [5, 6, 7, 8]}, {"input_ids": [9, 9, 4]}])
+    out = tmp_path / "out.json"
+    assert main(["eval", "--target", str(target_dir), "--drafter", str(run_dir), "--prompts", str(prompts),
+                 "--max-new-tokens", "12", "--target-fp8", "--json", str(out)]) == 0
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+
+    def greedy():
+        return [target_generate(model, p, max_new_tokens=12, stop_token_ids=[eos]).output_ids
+                for p in ([5, 6, 7, 8], [9, 9, 4])]
+
+    plain = greedy()
+    convert_to_fp8(model)
+    fp8 = greedy()
+    assert fp8 != plain  # the prompts tell the two targets apart, so an ignored flag would fail below
+    assert [entry["output_ids"] for entry in json.loads(out.read_text())["per_prompt"]] == fp8  # lossless for it

@@ -232,3 +232,14 @@ def test_dspark_drafts_with_full_attention_for_a_hybrid_target_unless_told_other
     told = resolve(method="dspark", layer_types=["sliding_attention", "full_attention", "full_attention"],
                    sliding_window=64)
     assert told.layer_types[0] == "sliding_attention" and told.sliding_window == 64
+
+
+def test_the_target_is_built_in_fp8_when_asked(qwen3_target):
+    from draftline.model.fp8 import Fp8Linear
+    from draftline.pipeline.build import build_target
+
+    config = _config(qwen3_target, draft_layers=2, block_size=4)
+    config.model.target_fp8 = True
+    spec = RunSpec.standalone(config, ModelSpec.resolve(config), torch.device("cpu"), dtype=torch.float32)
+    layers = build_target(spec).decoder.layers
+    assert sum(isinstance(m, Fp8Linear) for m in layers.modules()) == 7 * len(layers)  # q, k, v, o, gate, up, down

@@ -54,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="auto (CUDA if available, default), cuda, cuda:N or cpu")
     dev.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
                      help="weights and compute dtype of target and drafter (default bfloat16 on GPU, float32 on CPU)")
+    dev.add_argument("--target-fp8", action="store_true",
+                     help="the target's decoder linear layers in FP8, as train's --target-fp8 runs them (e4m3 weights "
+                          "scaled per output channel, activations per row): measure a drafter against the target as "
+                          "an engine serving it in FP8 computes it")
     dev.add_argument("--no-speedup", action="store_true",
                      help="on a GPU, skip the target-only baseline run that the wall-clock speedup is measured "
                           "against (a shorter eval; tau is measured either way)")
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from draftline.evaluate.sampling import Sampling
     from draftline.methods import method_for
     from draftline.model.config import check_matches_target
-    from draftline.model.target import load_target_config
+    from draftline.model.target import convert_to_fp8, load_target_config
 
     # ---- check everything cheap before loading weights
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
@@ -118,7 +122,10 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)
     dtype = _DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype).to(device).eval()
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=dtype)
+    if args.target_fp8:
+        convert_to_fp8(target)  # before the move: the device never holds the full-precision weights
+    target = target.to(device).eval()
     drafter = load_drafter(drafter_dir, device=device, dtype=dtype)
     proposer = method.proposer(drafter, target)
     stop_ids = _stop_ids(args.stop_token_ids, target)

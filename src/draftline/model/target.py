@@ -33,6 +33,7 @@ from draftline.data.batch import PackedBatch
 from draftline.errors import DraftlineError
 from draftline.model import linear_attention, target_parallel
 from draftline.model.config import text_config
+from draftline.model.fp8 import ALIGN, convert_linears
 
 
 def load_target_config(target_dir: str | Path) -> PretrainedConfig:
@@ -72,6 +73,14 @@ def _truncate_layers(text: PretrainedConfig, num_layers: int) -> None:
             setattr(text, name, value[:num_layers])
 
 
+def convert_to_fp8(model) -> None:
+    """The decoder layers' linear layers in FP8 (``model/fp8.py``); the embedding and the LM head keep their dtype.
+    Logs how many were converted, and how many FP8 could not take."""
+    counts = convert_linears(model.get_decoder().layers)
+    logging.getLogger(__name__).info("target in FP8: %d linear layers converted, %d kept (dimensions not multiples "
+                                     "of %d)", counts["converted"], counts["kept"], ALIGN)
+
+
 class _StopForward(Exception):
     """Raised after the deepest feature layer: the layers after it (and the head) need not run."""
 
@@ -109,11 +118,14 @@ class TargetFeatures:
         packed: bool | None = None,
         config: PretrainedConfig | None = None,
         group: "torch.distributed.ProcessGroup | None" = None,
+        fp8: bool = False,
     ):
         """``packed``: one packed row per batch (default: with flex attention, i.e. on GPU); ``config``: the
         target's config already read (``ModelSpec.target_file_config``; copied, not changed), else read here;
         ``group``: the target group's process group, to split the target over its ranks
-        (``model/target_parallel.py``; every rank of the group builds it, and each then returns the same features)."""
+        (``model/target_parallel.py``; every rank of the group builds it, and each then returns the same features);
+        ``fp8``: the decoder layers' linear layers in FP8 (``model/fp8.py``), converted before the weights move to
+        ``device``; a whole target only."""
         device = torch.device(device)
         self.layer_ids = list(layer_ids)
         self.target_dir = target_dir
@@ -141,18 +153,24 @@ class TargetFeatures:
             linear_attention.fla_kernels()  # before reading the weights: name the install command at once
         with _quiet_transformers():
             if self.group_size > 1:
+                if fp8:
+                    raise DraftlineError("an FP8 target is converted whole: a target split over ranks keeps its dtype")
                 model = target_parallel.load_split(target_dir, config, group, device=device, dtype=dtype,
                                                    attn_implementation=attn)
             else:
                 model = AutoModelForCausalLM.from_pretrained(
                     target_dir, config=config, dtype=dtype, attn_implementation=attn
-                ).to(device)
+                )
+                if fp8:
+                    convert_to_fp8(model)
+                model = model.to(device)
         self._wrap(model, attn, packed, hybrid)
 
     @classmethod
     def from_model(cls, model, layer_ids: list[int], *, keep_all_layers: bool = False,
-                   final_hidden: bool = False, packed: bool | None = None) -> "TargetFeatures":
-        """Wrap an in-memory causal LM (benchmarks, tests); drops the unused layers unless told not to."""
+                   final_hidden: bool = False, packed: bool | None = None, fp8: bool = False) -> "TargetFeatures":
+        """Wrap an in-memory causal LM (benchmarks, tests); drops the unused layers unless told not to; ``fp8``:
+        converts its decoder layers' linear layers in place, where they are."""
         self = cls.__new__(cls)
         self.layer_ids = list(layer_ids)
         self.target_dir = None
@@ -163,6 +181,8 @@ class TargetFeatures:
             decoder = model.get_decoder()
             decoder.layers = decoder.layers[: self.layers_run]
             _truncate_layers(text, self.layers_run)
+        if fp8:
+            convert_to_fp8(model)
         self._wrap(model, model.config._attn_implementation, packed, linear_attention.is_hybrid(text))
         return self
 

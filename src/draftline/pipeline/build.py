@@ -37,7 +37,8 @@ def build_target(spec: RunSpec, group: TargetGroup | None = None) -> TargetFeatu
     target = TargetFeatures(spec.model.target, list(spec.model.layer_ids), device=spec.device, dtype=spec.dtype,
                             keep_all_layers=keep_all, final_hidden=spec.model.final_hidden,
                             config=spec.model.target_file_config,
-                            group=group.device_group if group is not None else None)
+                            group=group.device_group if group is not None else None,
+                            fp8=spec.config.model.target_fp8)
     # A split target runs eager: its layers' forwards hold transformers' tensor-parallel hooks and all-reduces, which
     # compile_target's whole-layer compilation has not been checked against on GPUs.
     if spec.config.engine.compile and spec.device.type == "cuda" and group is None:
