@@ -241,3 +241,25 @@ def test_trains_default_split_is_the_plans_best_split(qwen3_target):
     for world in (3, 5, 8):
         best = splits(world, rates)[0]
         assert split(world, None, None, target_share(model, config)) == (best.targets, best.drafters), world
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_an_fp8_target_s_weights_are_what_the_converted_model_holds(hybrid, qwen3_target, tmp_path):
+    import torch
+
+    from draftline.model.fp8 import Fp8Linear
+    from draftline.model.target import TargetFeatures, load_target_config
+    from draftline.sizing.memory_estimate import target_weight_bytes
+    from helpers import make_qwen3_5_target
+
+    target_dir = make_qwen3_5_target(tmp_path / "hybrid") if hybrid else qwen3_target
+    target = TargetFeatures(target_dir, [1, 3], dtype=torch.bfloat16, fp8=True, keep_all_layers=True)
+    held = 0
+    for module in target.model.modules():
+        if isinstance(module, Fp8Linear):
+            held += module.weight_fp8.numel()  # one byte each; the fp32 scales are left out, as the model says
+        elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)):
+            held += 2 * module.weight.numel()
+    shape = TargetShape.of(load_target_config(target_dir))
+    assert target_weight_bytes(shape, 2, fp8=True) == pytest.approx(held, rel=0.02)
+    assert target_weight_bytes(shape, 2) > 1.5 * target_weight_bytes(shape, 2, fp8=True)

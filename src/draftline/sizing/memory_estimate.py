@@ -164,18 +164,31 @@ def target_pass_bytes(shape: DecoderShape, layers_run: int, tokens: int, num_fea
     return (_row_share(run) * tokens * _widest(run) * 2, 2.0 * tokens * num_feature_layers * shape.hidden_size)
 
 
+def target_weight_bytes(shape: DecoderShape, bytes_per_value: int = 2, fp8: bool = False) -> float:
+    """The target's weights in memory: its layers' and its embedding and LM head's. ``fp8`` (``--target-fp8``): the
+    layers' linear weights at one byte (their scales, one fp32 per output channel, aside); a mixture of experts'
+    routed experts, which are not ``nn.Linear`` modules, stay in ``bytes_per_value``."""
+    outer = 2 * shape.hidden_size * shape.vocab_size
+    layers = shape.params() - outer
+    if not fp8:
+        return (layers + outer) * bytes_per_value
+    experts = sum(layer.stored_mlp_params for layer in shape.layers)
+    return (layers - experts) * 1 + (experts + outer) * bytes_per_value
+
+
 def target_memory(shape: DecoderShape, layers_run: int, token_budget: int, num_feature_layers: int,
                   queued_batches: int, bytes_per_value: int = 2, *, layers_kept: int | None = None,
-                  num_gpus: int = 1) -> MemoryEstimate:
+                  num_gpus: int = 1, fp8: bool = False) -> MemoryEstimate:
     """The frozen target: ``layers_kept`` of its layers in bf16 (default the ``layers_run`` its feature pass runs;
-    the evaluating copy keeps all) with its embedding and head; its pass over ``token_budget`` tokens (activations
-    and the features it builds); ``queued_batches`` feature batches waiting in its outbox."""
+    the evaluating copy keeps all; ``fp8``: their linear weights in FP8) with its embedding and head; its pass over
+    ``token_budget`` tokens (activations and the features it builds); ``queued_batches`` feature batches waiting in
+    its outbox."""
     kept = shape.with_layers_run(layers_kept or layers_run)
     activations, built = target_pass_bytes(shape, layers_run, token_budget, num_feature_layers)
     per_batch = token_budget * num_feature_layers * shape.hidden_size * bytes_per_value
     parts = {
-        f"target weights (bf16, {kept.num_layers} layers, embedding and LM head)": (
-            WEIGHTS, kept.params() * bytes_per_value / _GIB),
+        f"target weights ({'FP8 linear layers' if fp8 else 'bf16'}, {kept.num_layers} layers, embedding and LM head)": (
+            WEIGHTS, target_weight_bytes(kept, bytes_per_value, fp8) / _GIB),
         "target pass: activations": (ACTIVATIONS, activations / _GIB),
         "target pass: the features it builds": (FEATURES, built / _GIB),
     }
@@ -252,6 +265,8 @@ class MemoryInputs:
     receive_batches: int = 3
     """Feature batches a drafter of a split holds besides the one it trains (its receive prefetch and the one
     arriving: ``RunSpec.queued_feature_batches``)."""
+    target_fp8: bool = False
+    """The target's linear layers in FP8 (``--target-fp8``)."""
 
     def drafter_options(self) -> dict:
         return dict(recompute=self.recompute, moments=self.moments, head_chunk_rows=self.head_chunk_rows,
@@ -266,7 +281,7 @@ def split_memory(inputs: MemoryInputs, targets: int, drafters: int, budget: int,
     num_gpus = targets + drafters
     outbox = -(-inputs.q_hs // targets) + 1
     target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, outbox,
-                           num_gpus=num_gpus)
+                           num_gpus=num_gpus, fp8=inputs.target_fp8)
     drafter = drafter_memory(inputs.drafter_shape, budget, rows, inputs.receive_batches, num_shards=drafters,
                              num_gpus=num_gpus, **inputs.drafter_options())
     return target, drafter + method_memory(inputs.drafter_shape, budget, rows, inputs.receive_batches,
@@ -282,7 +297,8 @@ def colocated_memory(inputs: MemoryInputs, num_gpus: int, budget: int, rows: int
     target's embedding and head are shared with the drafter; ``shared_head`` False: the target's are split over a
     target group and the drafter holds whole copies."""
     target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, 0,
-                           layers_kept=inputs.target_shape.num_layers if keep_all_layers else None, num_gpus=num_gpus)
+                           layers_kept=inputs.target_shape.num_layers if keep_all_layers else None, num_gpus=num_gpus,
+                           fp8=inputs.target_fp8)
     drafter = drafter_memory(inputs.drafter_shape, budget, rows, inputs.q_hs,
                              num_shards=num_gpus if num_shards is None else num_shards,
                              frozen_weights=not shared_head, num_gpus=num_gpus, **inputs.drafter_options())

@@ -369,7 +369,7 @@ def _model_prediction(spec, role: str) -> dict:
         keep_all = spec.colocated and spec.role.is_logging
         estimate = target_memory(model.target_shape, model.layers_run, budget, num_feature_layers, outbox,
                                  layers_kept=model.target_shape.num_layers if keep_all else None,
-                                 num_gpus=spec.env.world_size)
+                                 num_gpus=spec.env.world_size, fp8=config.model.target_fp8)
     else:
         options = dict(recompute=e.recompute, moments=o.moments, head_chunk_rows=e.head_chunk_rows,
                        activation_checkpointing=e.activation_checkpointing)
@@ -377,7 +377,7 @@ def _model_prediction(spec, role: str) -> dict:
         shards = 1 if replicates(c.drafter_state, spec.device) else drafters
         if spec.colocated:
             inputs = MemoryInputs(model.target_shape, model.drafter_shape, model.layers_run, num_feature_layers,
-                                  c.q_hs, **options)
+                                  c.q_hs, target_fp8=config.model.target_fp8, **options)
             estimate = colocated_memory(inputs, drafters, budget, rows, num_shards=shards,
                                         keep_all_layers=spec.role.is_logging)
         else:
