@@ -263,3 +263,24 @@ def test_an_fp8_target_s_weights_are_what_the_converted_model_holds(hybrid, qwen
     shape = TargetShape.of(load_target_config(target_dir))
     assert target_weight_bytes(shape, 2, fp8=True) == pytest.approx(held, rel=0.02)
     assert target_weight_bytes(shape, 2) > 1.5 * target_weight_bytes(shape, 2, fp8=True)
+
+
+def test_plan_with_an_fp8_target_halves_its_layers_and_says_where_its_rate_comes_from(tmp_path, capsys):
+    target = _qwen3_6_27b_config_only(tmp_path / "q27")
+    plans = {}
+    for fp8 in (False, True):
+        out = tmp_path / f"plan-{fp8}.json"
+        argv = ["plan", "--target", str(target), "--gpus", "8", "--gpu", "RTX PRO 6000", "--target-parallel", "1",
+                "--json", str(out)] + (["--target-fp8"] if fp8 else [])
+        assert main(argv) == 0
+        plans[fp8] = json.loads(out.read_text())["recommended"]
+    printed = capsys.readouterr().out
+    parts = {fp8: plans[fp8]["memory_components_gib"]["gpu"]["parts"] for fp8 in plans}
+    bf16 = parts[False]["target weights (bf16, 64 layers, embedding and LM head)"]
+    fp8 = parts[True]["target weights (FP8 linear layers, 64 layers, embedding and LM head)"]
+    assert fp8 == pytest.approx(bf16 / 2 + 2.4, abs=0.2)  # the embedding and LM head (2 x 5120 x 248,320) stay bf16
+    assert "--target-fp8" in plans[True]["command"] and "--target-fp8" not in plans[False]["command"]
+    assert plans[True]["ktok_s"] >= plans[False]["ktok_s"]
+    assert main(["plan", "--target", str(target), "--gpus", "8", "--gpu", "RTX PRO 6000", "--target-parallel", "2",
+                 "--target-fp8"]) == 2  # a user's error
+    assert "--target-fp8 converts a whole target" in capsys.readouterr().err

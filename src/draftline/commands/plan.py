@@ -55,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what_field("model", "method", own_help="the drafter trained: dflash or dspark (DSpark's heads, the target's final "
                                            "hidden state and its loss in the FLOPs and memory)")
     what_field("model", "markov_rank", own_help="DSpark's Markov head rank, none = 256 (with --method dspark)")
+    what_field("model", "target_fp8", own_help="the target's linear layers in FP8, as train's --target-fp8: their weights "
+                                               "at one byte, the pass at the MFU measured in FP8 where it was")
     node = parser.add_argument_group("the node")
     node.add_argument("--gpus", type=int, help="GPUs of the node (default: this node's count, else 8)")
     node.add_argument("--gpu", help='plan for this GPU by name, from the spec table (e.g. "H200", "RTX PRO 6000"); '
@@ -119,7 +121,7 @@ def _measured(args, model: ModelSpec, lengths, device):
     config.engine.max_query_rows = args.max_query_rows
     spec = RunSpec.standalone(config, model, device)
     target = TargetFeatures(args.target, list(model.layer_ids), device=device, dtype=spec.dtype,
-                            config=model.target_file_config)
+                            config=model.target_file_config, fp8=bool(args.target_fp8))
     worker = build_drafter_worker(spec, Health(local_rank_info(0, "plan", device)), target=target)
 
     def drafter_step(batch, features):
@@ -181,14 +183,15 @@ def run(args: argparse.Namespace) -> int:
     if args.measure:
         rates = _measured(args, model, lengths, device)
     else:
-        rates = estimate_rates(model.target_shape, model.drafter_shape, lengths, args.max_anchors, hardware.peak_flops)
-        print(f"  MFUs measured: target {target_mfu(model.target_shape)[1]}; drafter "
+        rates = estimate_rates(model.target_shape, model.drafter_shape, lengths, args.max_anchors, hardware.peak_flops,
+                               target_fp8=bool(args.target_fp8))
+        print(f"  MFUs measured: target {target_mfu(model.target_shape, bool(args.target_fp8))[1]}; drafter "
               f"{MEASURED_MFU['drafter'][1]}; taken as the same share of this GPU's spec peak")
     print(f"rates per GPU ({rates.source}): target {rates.target_samples_s:.2f} samples/s, "
           f"drafter {rates.drafter_samples_s:.2f} samples/s")
     inputs = MemoryInputs(model.target_shape, model.drafter_shape, model.layers_run,
                           len(model.layer_ids) + int(model.final_hidden), args.q_hs, recompute=args.recompute,
-                          moments=args.moments, head_chunk_rows=args.head_chunk_rows)
+                          moments=args.moments, head_chunk_rows=args.head_chunk_rows, target_fp8=bool(args.target_fp8))
     min_budget = int(lengths.max()) if args.data else 4096
 
     groups = _Groups(model, lengths, mean_length, hardware, t_flops)
@@ -205,7 +208,11 @@ def run(args: argparse.Namespace) -> int:
                                 traffic=traffic, link_share=link_share)
         return sorted(out, key=lambda layout: (not layout.fits, -layout.samples_s))
 
-    sizes = (args.target_parallel,) if args.target_parallel else tuple(group_sizes(model.target_file_config, num_gpus))
+    if args.target_fp8 and (args.target_parallel or 1) > 1:
+        raise DraftlineError(f"--target-fp8 converts a whole target; a target split over ranks (--target-parallel "
+                             f"{args.target_parallel}) keeps its dtype: drop one of the two")
+    sizes = ((args.target_parallel,) if args.target_parallel else (1,) if args.target_fp8
+             else tuple(group_sizes(model.target_file_config, num_gpus)))
     layouts = layouts_at(rates, sizes=sizes)
     if max(sizes) > 1:
         print(f"target groups (--target-parallel) of {', '.join(str(k) for k in sizes if k > 1)} ranks, the target split "
@@ -244,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
         flags = best.flags(args.max_query_rows)
         if num_gpus == 1:
             flags.remove("--colocated")  # one process is colocated anyway
-        command = ["draftline", "train", *launch, *flags,
+        command = ["draftline", "train", *launch, *flags, *(["--target-fp8"] if args.target_fp8 else []),
                    "--max-anchors", str(args.max_anchors), "--target", str(args.target), "--data", "DATA", "--out", "RUN"]
         print(f"\nrecommended: {best.name()} at {best.ktok_s:.1f} Ktok/s ({best.samples_s:.2f} samples/s):\n  "
               + " ".join(command))

@@ -105,16 +105,24 @@ def anchors_per_sample(lengths: np.ndarray, max_anchors: int, prompt_share: floa
     return float(np.mean([min(max_anchors, max(0, int(n - int(n * prompt_share) - 1))) for n in lengths.tolist()]))
 
 
-def target_mfu(target_shape: TargetShape) -> tuple[float, str]:
-    """The measured MFU this target's feature pass is planned at (a hybrid's linear attention runs slower)."""
-    hybrid = any(layer.kind == LINEAR for layer in target_shape.layers)
-    return MEASURED_MFU["target_hybrid" if hybrid else "target"]
+def target_mfu(target_shape: TargetShape, fp8: bool = False) -> tuple[float, str]:
+    """The measured MFU this target's feature pass is planned at (a hybrid's linear attention runs slower); ``fp8``:
+    its linear layers in FP8, at the MFU measured so (counted against the bf16 peak), or the bf16 pass's where that
+    was not measured, which the source then says."""
+    key = "target_hybrid" if any(layer.kind == LINEAR for layer in target_shape.layers) else "target"
+    if not fp8:
+        return MEASURED_MFU[key]
+    if key + "_fp8" in MEASURED_MFU:
+        return MEASURED_MFU[key + "_fp8"]
+    mfu, source = MEASURED_MFU[key]
+    return mfu, f"{source} (bf16: FP8's pass not measured at this shape)"
 
 
 def estimate_rates(target_shape: TargetShape, drafter_shape: DrafterShape, lengths: np.ndarray, max_anchors: int,
-                   peak_flops: float, target_mfu_: float | None = None, drafter_mfu: float | None = None) -> RoleRates:
+                   peak_flops: float, target_mfu_: float | None = None, drafter_mfu: float | None = None,
+                   target_fp8: bool = False) -> RoleRates:
     """Rates per GPU from the FLOP model at the measured MFUs of ``peak_flops`` (the GPU's spec peak)."""
-    tm = target_mfu_ if target_mfu_ is not None else target_mfu(target_shape)[0]
+    tm = target_mfu_ if target_mfu_ is not None else target_mfu(target_shape, target_fp8)[0]
     dm = drafter_mfu if drafter_mfu is not None else MEASURED_MFU["drafter"][0]
     t, d = per_sample_flops(target_shape, drafter_shape, lengths, max_anchors)
     return RoleRates(tm * peak_flops / t, dm * peak_flops / d,
