@@ -200,3 +200,14 @@ def test_a_time_limit_ends_the_training_early_and_finishes_the_run(qwen3_target,
     assert load_drafter(out / "final").config.num_hidden_layers == 1
     saved = sorted((out / "checkpoints").glob("step-*"))
     assert [p.name for p in saved] == [f"step-{end['step']:08d}"]  # the final checkpoint, at the agreed step
+
+
+def test_a_run_with_an_fp8_target_trains_on_its_features(qwen3_target, line_data, tmp_path, capsys):
+    first = {}
+    for fp8 in (False, True):
+        out = tmp_path / f"run-{fp8}"
+        extra = {"max_steps": 2, "seed": 0, "trace": True} | ({"target_fp8": True} if fp8 else {})
+        assert main(["train", *base_args(qwen3_target, line_data, out, **extra)]) == 0
+        first[fp8] = min(step_losses(out).items())[1]
+    assert "the target's linear layers in FP8 (--target-fp8)" in capsys.readouterr().out
+    assert first[True] != first[False]  # the same seed and batches, other features

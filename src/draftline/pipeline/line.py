@@ -323,7 +323,8 @@ class Line:
         print(f"  topology: {layout} ({spec.device.type}){sharding}")
         m = spec.model
         print(f"  method: {m.method.describe(m.drafter_config)}"
-              + ("; the target also sends its final hidden state" if m.final_hidden else ""))
+              + ("; the target also sends its final hidden state" if m.final_hidden else "")
+              + ("; the target's linear layers in FP8 (--target-fp8)" if c.model.target_fp8 else ""))
         print(f"  drafter: {m.drafter_config.num_hidden_layers} layers, block {m.block_size}, "
               f"{m.num_trained_params / 1e6:,.1f}M trained parameters, features of target layers {list(m.layer_ids)}; "
               f"starts {m.describe_init()}")
