@@ -107,8 +107,13 @@ def add_field_argument(group, section: str, name: str, *, own_help: str | None =
     if kind is bool:
         for switch in declared.switches:
             text = doc if switch == declared.switches[0] else f"The opposite of {declared.switches[0]} (see there)."
+            if own_help is not None:  # another command's switch: its own meaning, the field's default
+                text = own_help if switch == declared.switches[0] else text
+                where = f"train's {_where(section, name, switch)}"
+            else:
+                where = _where(section, name, switch)
             group.add_argument(switch, dest=dest, action="store_false" if switch == declared.off else "store_true",
-                               default=None, help=_escape(f"{text} ({_where(section, name, switch)})"))
+                               default=default if own_help is not None else None, help=_escape(f"{text} ({where})"))
         return
     if own_help is not None:
         kwargs.setdefault("default", default)

@@ -280,7 +280,10 @@ def test_plan_with_an_fp8_target_halves_its_layers_and_says_where_its_rate_comes
     fp8 = parts[True]["target weights (FP8 linear layers, 64 layers, embedding and LM head)"]
     assert fp8 == pytest.approx(bf16 / 2 + 2.4, abs=0.2)  # the embedding and LM head (2 x 5120 x 248,320) stay bf16
     assert "--target-fp8" in plans[True]["command"] and "--target-fp8" not in plans[False]["command"]
-    assert plans[True]["ktok_s"] >= plans[False]["ktok_s"]
+    # at the FP8 pass's measured MFU (66.3% against 53.6% in bf16): 26.4 against 23.7 Ktok/s planned
+    assert MEASURED_MFU["target_hybrid_fp8"][0] > MEASURED_MFU["target_hybrid"][0]
+    assert plans[True]["ktok_s"] >= 1.08 * plans[False]["ktok_s"]
+    assert "in FP8 (--target-fp8), compiled" in printed
     assert main(["plan", "--target", str(target), "--gpus", "8", "--gpu", "RTX PRO 6000", "--target-parallel", "2",
                  "--target-fp8"]) == 2  # a user's error
     assert "--target-fp8 converts a whole target" in capsys.readouterr().err
