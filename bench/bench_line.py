@@ -86,7 +86,8 @@ def bench_target(args, device, dtype, peak, rows):
     batches = [packed_batch(lognormal_lengths(rng, args.budget), shape.vocab_size, i, i) for i in range(args.iters + 2)]
     modes = ["eager"] if args.no_compile else args.target_modes.split(",")
     for fp8 in [False, True] if args.target_fp8 else [False]:
-        model = random_target(args.shape, device, dtype, default_attention(device, hybrid))  # the same seed's weights
+        torch.manual_seed(0)  # the same weights in bf16 and in FP8
+        model = random_target(args.shape, device, dtype, default_attention(device, hybrid))
         say("target", f"{args.shape} built" + (", its linear layers in FP8" if fp8 else ""))
         target = TargetFeatures.from_model(model, ids, fp8=fp8)
         for mode in modes:

@@ -22,8 +22,8 @@ compiled function. The parts a layer of another kind holds stay eager where comp
 trace through data-dependent code: Gated DeltaNet (fla's kernels, given the documents' boundaries
 per pass) and mixture-of-experts blocks (routing); their layers compile their norms and dense parts
 only. An FP8 target's linear layers inside a Gated DeltaNet (``model/fp8.py``) get their activations' cast compiled
-on its own (one kernel instead of four; in decoding too). Decoding with the same model (evaluation in a colocated run) runs the eager
-code.
+on its own (one kernel instead of four; in decoding too). Decoding with the same model (evaluation in a colocated
+run) runs the eager code.
 """
 
 from __future__ import annotations
