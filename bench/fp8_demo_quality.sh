@@ -8,7 +8,7 @@
 # The training flags are the quick demo's (`draftline demo --quick` prints them), with fewer in-training measurements.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DATA=${1:?the quick demo's data directory}
+DATA=${1:?the data directory of the quick demo}
 OUT=${2:?a directory for the runs}
 T=src/draftline/demo/assets/tiny-target
 P=src/draftline/demo/assets/prompts.jsonl
@@ -28,8 +28,8 @@ for seed in 0 1 2; do
       json="$OUT/eval-$mode-$seed-vs-$target.json"
       "$BIN/draftline" eval --target "$T" --drafter "$run" --prompts "$P" --limit 24 --max-new-tokens 48 --block-size 8 \
         --json "$json" "${tflag[@]}" > "${json%.json}.log" 2>&1
-      "$BIN/python" -c "import json, sys; print(sys.argv[1], 'features, seed', sys.argv[2], 'against the', sys.argv[3],
-'target: tau', round(json.load(open(sys.argv[4]))['tau'], 4))" "$mode" "$seed" "$target" "$json"
+      tau=$("$BIN/python" -c 'import json, sys; print(round(json.load(open(sys.argv[1]))["tau"], 4))' "$json")
+      echo "$mode features, seed $seed, against the $target target: tau $tau"
     done
   done
 done
