@@ -34,6 +34,7 @@ import json
 import sys
 
 import torch
+from workloads import median_ms  # bench/ is on sys.path when run as a script
 
 from draftline.objective import dspark_row_kernel
 from draftline.objective.dspark import DSparkLoss
@@ -120,8 +121,8 @@ def _logits_orders(chunks, hidden, rank, reps, generator):
         for z, (_, latent) in zip(scratch, inputs):
             torch.mm(z.t(), latent)
 
-    times = {"head first, bias added": _time(head_first, reps), "bias first, head added": _time(bias_first, reps),
-             "one matmul over [h | l] and [W | W2]": _time(one_matmul, reps)}
+    times = {"head first, bias added": median_ms(head_first, reps), "bias first, head added": median_ms(bias_first, reps),
+             "one matmul over [h | l] and [W | W2]": median_ms(one_matmul, reps)}
     zs = {}
     for name, fn in (("head first, bias added", head_first), ("bias first, head added", bias_first),
                      ("one matmul over [h | l] and [W | W2]", one_matmul)):
@@ -133,7 +134,7 @@ def _logits_orders(chunks, hidden, rank, reps, generator):
     for name, ms in times.items():
         print(f"  {name:40s} {ms:7.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s  largest difference from the first, "
               f"relative to the largest |z|: {worst[name]:.1e}")
-    backward = {"dz W and dz W2 apart": _time(grads_apart, reps), "dz [W | W2] at once": _time(grads_at_once, reps)}
+    backward = {"dz W and dz W2 apart": median_ms(grads_apart, reps), "dz [W | W2] at once": median_ms(grads_at_once, reps)}
     for name, ms in backward.items():
         print(f"  the inputs' gradients, {name:27s} {ms:7.3f} ms  {flops / ms / 1e9:6.1f} TFLOP/s")
     rows = sum(h.shape[0] for h, _ in inputs)
@@ -141,7 +142,7 @@ def _logits_orders(chunks, hidden, rank, reps, generator):
              f"dz W2, the vocabulary in {slices} slices": (dl_sliced, rank),
              "dz^T l (W2's gradient, bf16)": (dw2, rank)}
     for name, (fn, width) in parts.items():
-        backward[name] = ms = _time(fn, reps)
+        backward[name] = ms = median_ms(fn, reps)
         print(f"  {name:40s} {ms:7.3f} ms  {2 * rows * vocab * width / ms / 1e9:6.1f} TFLOP/s")
     dl_sliced()
     sliced = [dl.float() for _, dl in apart]
@@ -166,7 +167,7 @@ def _teacher_normalisers(chunks, programs, warps, reps):
                 lambda t, p=p, w=w: dspark_row_kernel.rows_logsumexp(t, programs_per_sm=p, num_warps=w))
     rows = []
     for name, body in bodies.items():
-        ms = _time(lambda: [body(t) for t in teachers], reps)
+        ms = median_ms(lambda: [body(t) for t in teachers], reps)
         worst = max((body(t) - w).abs().max().item() for t, w in zip(teachers, want))
         rows.append({"name": name, "ms": round(ms, 3), "TB/s": round(read / ms / 1e9, 2), "difference": worst})
         print(f"  {name:40s} {ms:7.3f} ms  {read / ms / 1e9:5.2f} TB/s  difference {worst:.1e}", flush=True)
@@ -180,20 +181,6 @@ def _run(body, chunks, scratch):
         ce, l1, hit = body(buffer, None, teacher, labels, weights, 0.1, 0.9, 1.0, None, True, index)
         outputs.append((ce, l1, hit, buffer))
     return outputs
-
-
-def _time(fn, reps):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def main() -> int:
@@ -224,7 +211,7 @@ def main() -> int:
     generator = torch.Generator().manual_seed(0)
     chunks = _chunks(args.rows, args.chunk_rows, args.vocab, 16, 3072, generator, "cuda")
     scratch = [torch.empty_like(c[0]) for c in chunks]
-    copy_ms = _time(lambda: [b.copy_(c[0]) for c, b in zip(chunks, scratch)], args.reps)
+    copy_ms = median_ms(lambda: [b.copy_(c[0]) for c, b in zip(chunks, scratch)], args.reps)
     moved = sum(c[0].numel() * 4 + c[1].numel() * 2 for c in chunks)
     distinct = sum(c[1].shape[0] for c in chunks)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.rows} rows in {len(chunks)} chunks, "
@@ -240,7 +227,7 @@ def main() -> int:
     results = []
 
     def record(name, body, config):
-        ms = _time(lambda: _run(body, chunks, scratch), args.reps) - copy_ms
+        ms = median_ms(lambda: _run(body, chunks, scratch), args.reps) - copy_ms
         outputs = _run(body, chunks, scratch)
         worst = {"ce": 0.0, "l1": 0.0, "grad_rel": 0.0, "hits_differ": 0}
         for (ce, l1, hit, grad), (rce, rl1, rhit, rgrad) in zip(outputs, reference):

@@ -15,26 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
+from workloads import median_ms  # bench/ is on sys.path when run as a script
 
 from draftline.sizing.peak import known_peak, mfu
-
-
-def _time(fn, iters: int) -> float:
-    """Median milliseconds of ``fn`` over ``iters`` calls after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main(argv=None) -> int:
@@ -59,8 +44,8 @@ def main(argv=None) -> int:
         h = torch.randn(rows, args.hidden, device="cuda", dtype=torch.bfloat16)
         dz = torch.randn(rows, args.vocab, device="cuda", dtype=torch.bfloat16)
         flop = 2.0 * rows * args.hidden * args.vocab
-        forward = _time(lambda: h @ weight.t(), args.iters)
-        backward = _time(lambda: dz @ weight, args.iters)
+        forward = median_ms(lambda: h @ weight.t(), args.iters, warmup=2)
+        backward = median_ms(lambda: dz @ weight, args.iters, warmup=2)
         shares = [mfu(flop, ms / 1e3, peak.flops) if peak else float("nan") for ms in (forward, backward)]
         results.append({"rows": rows, "forward_ms": forward, "backward_ms": backward,
                         "forward_tflops": flop / forward / 1e9, "backward_tflops": flop / backward / 1e9,

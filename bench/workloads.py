@@ -5,6 +5,7 @@ product's one builder. Every bench script imports these from here; nothing here 
 from __future__ import annotations
 
 import gc
+import statistics
 
 import torch
 
@@ -88,6 +89,23 @@ def reserved_gib(device) -> float:
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def median_ms(fn, iters: int, warmup: int = 1) -> float:
+    """Median milliseconds of ``fn`` on the current CUDA device over ``iters`` calls (CUDA events, each call synced),
+    after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def peak_gib(device) -> float:

@@ -261,7 +261,8 @@ def test_an_fp8_target_s_weights_are_what_the_converted_model_holds(hybrid, qwen
         elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)):
             held += 2 * module.weight.numel()
     shape = TargetShape.of(load_target_config(target_dir))
-    assert target_weight_bytes(shape, 2, fp8=True) == pytest.approx(held, rel=0.02)
+    # within 1%: the model counts the hybrid's a and b projections (4 outputs, kept in bf16) at one byte
+    assert target_weight_bytes(shape, 2, fp8=True) == pytest.approx(held, rel=0.01)
     assert target_weight_bytes(shape, 2) > 1.5 * target_weight_bytes(shape, 2, fp8=True)
 
 

@@ -55,7 +55,6 @@ class Fp8Linear(torch.nn.Module):
         self.register_buffer("weight_fp8", weight)
         self.register_buffer("weight_scale", scales.reshape(1, -1).contiguous())  # [1, N], as _scaled_mm takes it
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
-        self.out_dtype = linear.weight.dtype
         self.quantize = quantize_rows
         """The activations' cast: ``quantize_rows``, or a compiled copy of it where the layer runs outside compiled
         code (``model.fused.compile_target``)."""
@@ -70,9 +69,8 @@ class Fp8Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         values, scales = self.quantize(rows)
-        out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float16, torch.float32) else self.out_dtype
         y = torch._scaled_mm(values, self.weight_fp8.t(), scale_a=scales, scale_b=self.weight_scale,
-                             out_dtype=out_dtype)
+                             out_dtype=x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)

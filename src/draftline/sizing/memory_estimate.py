@@ -167,13 +167,13 @@ def target_pass_bytes(shape: DecoderShape, layers_run: int, tokens: int, num_fea
 def target_weight_bytes(shape: DecoderShape, bytes_per_value: int = 2, fp8: bool = False) -> float:
     """The target's weights in memory: its layers' and its embedding and LM head's. ``fp8`` (``--target-fp8``): the
     layers' linear weights at one byte (their scales, one fp32 per output channel, aside); a mixture of experts'
-    routed experts, which are not ``nn.Linear`` modules, stay in ``bytes_per_value``."""
-    outer = 2 * shape.hidden_size * shape.vocab_size
-    layers = shape.params() - outer
+    routed experts, which are not ``nn.Linear`` modules, and the Gated DeltaNet's convolutions stay in
+    ``bytes_per_value``."""
     if not fp8:
-        return (layers + outer) * bytes_per_value
-    experts = sum(layer.stored_mlp_params for layer in shape.layers)
-    return (layers - experts) * 1 + (experts + outer) * bytes_per_value
+        return shape.params() * bytes_per_value
+    kept = 2 * shape.hidden_size * shape.vocab_size + sum(
+        layer.stored_mlp_params + layer.conv_channels * layer.conv_kernel for layer in shape.layers)
+    return (shape.params() - kept) * 1 + kept * bytes_per_value
 
 
 def target_memory(shape: DecoderShape, layers_run: int, token_budget: int, num_feature_layers: int,
