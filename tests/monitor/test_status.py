@@ -37,9 +37,10 @@ def test_rate_meter_over_a_window():
     assert meter.rate(now=2.0) == pytest.approx(100.0)
     assert meter.rate(now=20.0) == 0.0  # nothing arrived in the last 10 s: the rate falls, not freezes
     meter.add(50, now=15.0)
-    # An amount is spread over the interval since the previous one (it was produced over 2..15 s);
-    # the window 10..20 s holds 5/13 of it.
-    assert meter.rate(now=20.0) == pytest.approx(50 * 5 / 13 / 10)
+    # An amount is spread over the interval since the previous one (it was produced over 2..15 s). At 20 s the
+    # producer is within its usual interval (13 s) of its last amount, so the window ends there: 5..15 s, which
+    # holds 10/13 of it.
+    assert meter.rate(now=20.0) == pytest.approx(50 * 10 / 13 / 10)
     meter.add(50, now=20.0)
     assert meter.rate(now=20.0) == pytest.approx((50 * 5 / 13 + 50) / 10)
     assert meter.total == 300
@@ -50,7 +51,19 @@ def test_rate_meter_interpolates_the_window_start():
     meter.add(100, now=5.0)
     meter.add(100, now=15.0)
     assert meter.rate(now=15.0) == pytest.approx(10.0)
-    assert meter.rate(now=20.0) == pytest.approx(5.0)  # half of the 5..15 interval lies in the window
+    assert meter.rate(now=20.0) == pytest.approx(10.0)  # within the usual 10 s of the last amount: no fall yet
+    assert meter.rate(now=30.0) == pytest.approx(5.0)  # 5 s overdue: the window 10..20 s holds half of 5..15
+    assert meter.rate(now=40.0) == 0.0
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.6, 1.2, 2.3])
+def test_rate_meter_is_not_low_between_steps(phase):
+    # Steps of 2.4 s, 16,384 tokens each, in a 30 s window: read at any moment between two steps, the rate is the
+    # producer's (a window ending at "now" read up to 8% low, 4% on average).
+    meter = RateMeter(window_s=30.0, now=0.0)
+    for step in range(1, 40):
+        meter.add(16384, now=2.4 * step)
+    assert meter.rate(now=2.4 * 39 + phase) == pytest.approx(16384 / 2.4)
 
 
 def test_waited_seconds_give_a_waiting_fraction():
