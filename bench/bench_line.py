@@ -2,10 +2,11 @@
 
     python bench/bench_line.py --shape 8b --budget 32768 --line  # on a GPU: the 8B rows of the README's table
     python bench/bench_line.py --shape tiny --device cpu --iters 2 --budget 2048 --skip drafter-3072 \
-        --no-compile --line --line-steps 3 --line-samples 40     # a quick check that the script runs (CPU, minutes)
+        --no-compile --line --line-steps 3 --line-samples 40 --line-args="--target-layer-ids 1,2,3,4"
+                                                                  # a quick check that the script runs (CPU, minutes)
     python bench/bench_line.py --shape 27b-hybrid --skip target drafter-3072 drafter-packed --line \
         --budget 16384 --max-query-rows 8192 --line-steps 10 --line-samples 120 --line-free-target-disk \
-        --line-args "--gpu-memory-gib 96"                         # the 27B-shaped hybrid line, one H200
+        --line-args="--gpu-memory-gib 94.97"                      # the 27B-shaped hybrid line, one H200
 
 Workloads (random weights built from a config; weights do not matter for speed), each skippable with --skip:
 - target: the frozen target's feature pass over packed batches of log-normal lengths (mean ~2.8K,
@@ -17,7 +18,8 @@ Workloads (random weights built from a config; weights do not matter for speed),
 - drafter-packed: a packed batch at the token budget, 512 anchors per document, in passes of
   --max-query-rows rows, with the optimizer step;
 - line (with --line): `draftline train` colocated on one device for --line-steps steps, numbers
-  from its metrics.jsonl (steady state: the monitor's medians over the second half of its records).
+  from its metrics.jsonl (steady state: the monitor's medians over the second half of its records, and
+  the rate over that half counted from the records' token totals).
   If preflight refuses the configuration, its refusal and suggestion are reported and the line runs
   again with what it suggests (``--line-retries``). The 27b-hybrid target is saved whole (~54 GB);
   ``--line-free-target-disk`` deletes the saved weights once the line has loaded them, so that the
@@ -364,14 +366,19 @@ def run_line(args, device, rows, peak, spec_flops: float):
         return
     last = train[len(train) // 2 :]  # steady state: the second half of the intervals
     ktok = statistics.median(r["ktok_s"] for r in last)
+    # The same span counted from the records' token totals: independent of the monitor's windows.
+    span_s = last[-1]["time"] - last[0]["time"]
+    counted = (last[-1]["tokens"] - last[0]["tokens"]) / span_s if len(last) > 1 and span_s > 0 else float("nan")
     tflops = statistics.median(r["tflops"] for r in last)
     rows.append({"workload": f"{args.shape} line colocated, {args.budget} tok", "role": "target+drafter",
                  "tokens_s": ktok * 1e3, "samples_s": statistics.median(r["samples_s"] for r in last),
                  "tflops": tflops, "mfu": tflops * 1e12 / (peak.ceiling or peak.flops), "mfu_spec": tflops * 1e12 / spec_flops,
                  "reserved_gib": float("nan"), "peak_alloc_gib": peak_alloc,
                  "peak_gib": max((g.get("mem_used_gib") or 0 for r in last for g in r.get("gpus") or []), default=0) or float("nan"),
+                 "tokens_s_counted": counted,
                  "note": f"{' '.join(suggested) or 'defaults'}; steps {train[-1]['step']}, q_hs {last[-1]['q_hs']}, "
-                         f"drafter wait {last[-1]['drafter_wait']:.0%}, allocated peak {peak_alloc:.1f} GiB",
+                         f"drafter wait {last[-1]['drafter_wait']:.0%}, allocated peak {peak_alloc:.1f} GiB; "
+                         f"steps {last[0]['step']}-{last[-1]['step']} by their token counts {counted / 1e3:.2f} Ktok/s",
                  **extra})
 
 
@@ -453,7 +460,7 @@ def main() -> int:
                         help="delete the saved target weights once the line has loaded them (disk for the checkpoint)")
     parser.add_argument("--workdir", help="where --line keeps its target and data (reused if present; default: a new "
                                           "temporary folder)")
-    parser.add_argument("--line-args", default="", help="more `draftline train` flags for --line, e.g. '--gpu-memory-gib 96'")
+    parser.add_argument("--line-args", default="", help="more `draftline train` flags for --line, given with '=': --line-args='--gpu-memory-gib 94.97'")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     args = parser.parse_args()
     if args.flex_options:
