@@ -175,7 +175,7 @@ class RateMeter:
 
     Amounts arrive in lumps (a step's tokens when the step ends), so a window that ended at "now" would miss the
     part of the current lump already produced: between two lumps T seconds apart it would read low by up to
-    T / window_s (4% for 2.4 s steps in a 30 s window). The window therefore ends at the last amount while "now" is
+    T / window_s, half that on average (4% for 2.4 s steps in a 30 s window). The window therefore ends at the last amount while "now" is
     within one usual interval of it (the mean interval between the amounts in the window), and moves on with "now"
     after that, so a stalled producer's rate falls to zero instead of freezing.
     """
