@@ -175,9 +175,9 @@ class RateMeter:
 
     Amounts arrive in lumps (a step's tokens when the step ends), so a window that ended at "now" would miss the
     part of the current lump already produced: between two lumps T seconds apart it would read low by up to
-    T / window_s, half that on average (4% for 2.4 s steps in a 30 s window). The window therefore ends at the last amount while "now" is
-    within one usual interval of it (the mean interval between the amounts in the window), and moves on with "now"
-    after that, so a stalled producer's rate falls to zero instead of freezing.
+    T / window_s, half that on average (4% for 2.4 s steps in a 30 s window). The window therefore ends at the
+    last amount while "now" is within one usual interval of it (the mean interval between the amounts in the
+    window), and moves on with "now" after that, so a stalled producer's rate falls to zero instead of freezing.
     """
 
     def __init__(self, window_s: float = 30.0, now: float | None = None):
@@ -208,8 +208,7 @@ class RateMeter:
     def rate(self, now: float | None = None) -> float:
         """Amount per second over the window (or since the meter began); NaN at t=0."""
         now = self._now(now)
-        last_time = self._points[-1][0]
-        end = max(last_time, now - self._interval) if len(self._points) > 1 or self.total else now
+        end = max(self._points[-1][0], now - self._interval)  # now, before any amount (interval 0)
         self._prune(end)
         first_time, first_total = self._points[0]
         start = max(first_time, end - self.window_s)
