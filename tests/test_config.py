@@ -8,7 +8,7 @@ import argparse
 import torch
 
 from draftline.commands.train import add_arguments, config_from_args
-from draftline.config import DSPARK_ONLY, TrainConfig
+from draftline.config import DSPARK_ONLY, TrainConfig, default_q_hs
 from draftline.pipeline.spec import default_batches_per_step as grad_accum_batches
 
 
@@ -31,6 +31,16 @@ def test_colocated_flag_reaches_the_topology():
     config = config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o", "--colocated"]))
     assert config.topology.colocated is True
     assert config_from_args(parser.parse_args(["--target", "t", "--data", "d", "--out", "o"])).topology.colocated is False
+
+
+def test_q_hs_defaults_by_layout_and_a_given_one_is_kept():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = ["--target", "t", "--data", "d", "--out", "o"]
+    assert config_from_args(parser.parse_args(args)).topology.q_hs is None
+    assert (default_q_hs(None, colocated=True), default_q_hs(None, colocated=False)) == (2, 8)
+    given = config_from_args(parser.parse_args([*args, "--q-hs", "5"])).topology.q_hs
+    assert given == 5 and default_q_hs(given, colocated=True) == default_q_hs(given, colocated=False) == 5
 
 
 def test_loss_gamma_flag_and_its_check():

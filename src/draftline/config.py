@@ -225,10 +225,12 @@ class TopologyConfig:
     q_pre: int = opt(8, "--q-pre", metavar="BATCHES", check=POSITIVE)
     """Capacity, in batches, of each target's prefetch queue of ready token batches (built on the
     host). Raise it only if the status shows q_pre empty while targets wait on data."""
-    q_hs: int = opt(8, "--q-hs", metavar="BATCHES", check=POSITIVE)
-    """Capacity, in batches, of the hidden-state queue over all targets: features waiting for a
-    drafter. Larger smooths uneven batches at the cost of memory on the targets (one batch of
-    features each); smaller when target memory is short."""
+    q_hs: int | None = opt(None, "--q-hs", metavar="BATCHES", check=POSITIVE)
+    """Capacity, in batches, of the hidden-state queue over all targets (colocated: of each rank's): features
+    waiting for a drafter. Larger smooths uneven batches at the cost of memory on the targets (one batch of
+    features each); smaller when target memory is short. None = 8, or 2 where a target and its drafter share a GPU
+    (colocated, and a single process): there every queued batch sits beside the drafter's passes, and two already
+    let the target run a batch ahead."""
     device: str = opt("auto", "--device", check=OneOf(("auto", "cuda", "cpu")))
     """auto (CUDA if available, else CPU), cuda or cpu."""
     failure_timeout_s: float = opt(30.0, "--failure-timeout", metavar="SECONDS", check=POSITIVE)
@@ -418,6 +420,13 @@ def resolved_loss(config: TrainConfig) -> str:
 def default_loss(method: str | None, loss: str | None) -> str:
     """``resolved_loss`` of a method and an ``optim.loss`` (a checkpoint's saved config, say)."""
     return loss or ("dflash" if method == "dspark" else "dpace")
+
+
+def default_q_hs(q_hs: int | None, colocated: bool) -> int:
+    """The hidden-state queue's capacity: ``topology.q_hs``, or its default for the layout (``TopologyConfig.q_hs``)."""
+    if q_hs is not None:
+        return q_hs
+    return 2 if colocated else 8
 
 
 DSPARK_ONLY = ("markov_rank", "markov_head_type", "confidence_head", "confidence_head_with_markov")

@@ -50,7 +50,9 @@ def test_colocated_run_writes_everything(colocated, line_data):
     saved = sorted({*range(2, total, 2), total})
     assert [p.name for p in sorted((colocated / "checkpoints").glob("step-*"))] == [f"step-{s:08d}" for s in saved[-3:]]
     assert train["ktok_s"] > 0 and train["samples"] == 2 * len(TokenDataset(line_data))
-    assert 0 <= train["q_hs"] <= 8 and all(0 <= q <= 8 for q in train["q_pre"]) and len(train["q_pre"]) == 1
+    # One process: its target and drafter share the device, and the queue between them holds 2 batches (the default).
+    assert train["q_hs_capacity"] == 2 and 0 <= train["q_hs"] <= 2
+    assert all(0 <= q <= 8 for q in train["q_pre"]) and len(train["q_pre"]) == 1
     assert train["mfu"] is None and train["gpus"] == []  # CPU: no MFU, no device rows
     assert len(train["accuracy_by_position"]) == 3 and all(0 <= a <= 1 for a in train["accuracy_by_position"])
     assert math.isfinite(train["loss"]) and train["tf_acceptance"] >= 1 and train["epochs_done"] == 2.0
@@ -91,9 +93,10 @@ def test_separate_ranks_match_the_single_process(colocated, qwen3_target, line_d
         assert losses.keys() == reference.keys()
         for step in reference:
             assert losses[step] == pytest.approx(reference[step], rel=1e-4), step
-    # The hidden-state queues: one over all targets, or one per colocated rank (the status sums both).
+    # The hidden-state queues: one over all targets (8 by default), or one per colocated rank (2 by default; the
+    # status sums them).
     train = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "train"]
-    capacity = 8 * (3 if layout == ["--colocated"] else 1)
+    capacity = 2 * 3 if layout == ["--colocated"] else 8
     assert train and all(r["q_hs_capacity"] == capacity and 0 <= r["q_hs"] <= capacity for r in train)
     # Nothing compiles while a CPU line trains: no window says it compiled, and the count does not move.
     assert all(r["compiling_s"] == 0.0 for r in train) and len({r["compile_s"] for r in train}) == 1

@@ -108,6 +108,17 @@ def test_a_method_s_memory_is_a_term_of_its_own_by_hand():
     assert with_heads.outside == without.outside
 
 
+def test_the_queue_holds_two_batches_colocated_and_eight_in_a_split_unless_q_hs_says():
+    """topology.q_hs None: a colocated GPU holds 2 queued batches of features (and the one it trains), a split's
+    targets 8 over their outboxes; a number given is taken for both."""
+    target, drafter = _shapes()
+    default, two, eight = (MemoryInputs(target, drafter, 2, 2, q_hs=q) for q in (None, 2, 8))
+    assert colocated_memory(default, 4, 8192, 8192) == colocated_memory(two, 4, 8192, 8192)
+    assert colocated_memory(eight, 4, 8192, 8192).total > colocated_memory(two, 4, 8192, 8192).total
+    assert split_memory(default, 2, 2, 8192, 8192) == split_memory(eight, 2, 2, 8192, 8192)
+    assert split_memory(two, 2, 2, 8192, 8192)[0].total < split_memory(eight, 2, 2, 8192, 8192)[0].total
+
+
 def test_rates_come_from_the_flop_counter_at_the_measured_mfus():
     target, drafter = _shapes()
     lengths = np.array([300, 700, 1100])

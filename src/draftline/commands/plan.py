@@ -79,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sizes = parser.add_argument_group("sizes (as train's flags)")
     add_field_argument(sizes, "data", "token_budget", own_help="tokens per batch asked for (the plan may lower it to fit)")
     add_field_argument(sizes, "engine", "max_query_rows", own_help="block rows per drafter pass asked for")
-    add_field_argument(sizes, "topology", "q_hs", own_help="feature batches the hidden-state queue holds")
+    add_field_argument(sizes, "topology", "q_hs",
+                       own_help="feature batches the hidden-state queue holds; none: 2 in a colocated layout, 8 in a split")
     add_field_argument(sizes, "engine", "memory_headroom_gib", own_help="GiB per GPU kept free, as preflight")
     add_field_argument(sizes, "engine", "head_chunk_rows", own_help="rows of logits the LM head makes at once, as train")
     add_field_argument(sizes, "engine", "recompute", own_help="what the drafter's layers recompute in backward, as train")

@@ -83,7 +83,7 @@ class Line:
             self._build_drafter(target)
         # ---- transport
         sender, self.receiver = open_transport(
-            role, self.health, q_hs=spec.config.topology.q_hs, store=self.store,
+            role, self.health, q_hs=spec.q_hs, store=self.store,
             drafter_seqs=(s for step in range(spec.start_step, spec.total_steps) for s in spec.drafter_seqs(step)),
             batch_for=spec.data.batch, feature_width=spec.model.feature_width, device=spec.device, dtype=spec.dtype,
             batches_per_step=spec.batches_per_step,
@@ -233,7 +233,7 @@ class Line:
             schedule=spec.data.schedule, peak=peak, num_devices=spec.env.world_size,
             # Colocated, every rank has a hidden-state queue of its own; the status sums the queues' batches.
             q_pre_capacity=c.topology.q_pre, interval_s=c.monitor.interval_s,
-            q_hs_capacity=c.topology.q_hs * (spec.role.num_targets if spec.colocated else 1),
+            q_hs_capacity=spec.q_hs * (spec.role.num_targets if spec.colocated else 1),
             progress=self.worker.progress, trace_dir=spec.run_dir / run_files.TRACE if c.engine.trace else None,
             cpu_cores=usable_cores() if spec.device.type == "cpu" else None,
             target_parallel=spec.role.target_parallel, objective=self.worker.objective,
@@ -335,5 +335,5 @@ class Line:
               f"warmup {round(c.optim.warmup_ratio * spec.total_steps)} steps")
         if k > 1:
             print(f"  acceptance: {SPLIT_TARGET_EVALUATION}")
-        print(f"  queues: q_pre {c.topology.q_pre} per target, q_hs {c.topology.q_hs}; "
+        print(f"  queues: q_pre {c.topology.q_pre} per target, q_hs {spec.q_hs}; "
               f"checkpoints every {c.checkpoint.every_steps} steps / {c.checkpoint.every_minutes} min, keep {c.checkpoint.keep}")

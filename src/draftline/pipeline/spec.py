@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import PretrainedConfig, Qwen3Config
 
-from draftline.config import TrainConfig, resolved_loss
+from draftline.config import TrainConfig, default_q_hs, resolved_loss
 from draftline.data.batcher import BatchSchedule, TokenBudgetBatcher
 from draftline.data.dataset import TokenDataset
 from draftline.distributed.roles import COLOCATED, Role
@@ -302,12 +302,17 @@ class RunSpec:
         return self.start_step * self.batches_per_step
 
     @property
+    def q_hs(self) -> int:
+        """The hidden-state queue's capacity (``config.default_q_hs``: colocated, each rank's)."""
+        return default_q_hs(self.config.topology.q_hs, self.colocated)
+
+    @property
     def queued_feature_batches(self) -> int:
         """Feature batches a drafter holds besides the one it trains: colocated, the hidden-state queue;
         else its receive prefetch (``transport.RECEIVE_PREFETCH``) and the one in flight."""
         from draftline.pipeline.transport import RECEIVE_PREFETCH
 
-        return self.config.topology.q_hs if self.colocated else RECEIVE_PREFETCH + 1
+        return self.q_hs if self.colocated else RECEIVE_PREFETCH + 1
 
     def drafter_seqs(self, step: int) -> list[int]:
         """The batch numbers of ``step`` this drafter trains (its share; possibly none)."""

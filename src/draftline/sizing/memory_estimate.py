@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from draftline.config import default_q_hs
 from draftline.sizing.drafter_memory import (
     ACTIVATIONS, FEATURES, GRADIENTS, MOMENT_BYTES, OPTIMIZER, WEIGHTS, PassSize, drafter_step, trained_params,
 )
@@ -257,7 +258,8 @@ class MemoryInputs:
     drafter_shape: DrafterShape
     layers_run: int
     num_feature_layers: int  # K (+1 with soft labels)
-    q_hs: int
+    q_hs: int | None
+    """``topology.q_hs``; None: its default for each layout (``config.default_q_hs``)."""
     recompute: str = "cheap"
     moments: str = "fp32"
     head_chunk_rows: int = 4096
@@ -279,7 +281,7 @@ def split_memory(inputs: MemoryInputs, targets: int, drafters: int, budget: int,
     drafter's copy of the target for the evaluation during training, loaded at its first measurement, is not
     counted (a measurement that runs out of memory turns the measurements off: ``evaluate.during_training``)."""
     num_gpus = targets + drafters
-    outbox = -(-inputs.q_hs // targets) + 1
+    outbox = -(-default_q_hs(inputs.q_hs, colocated=False) // targets) + 1
     target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, outbox,
                            num_gpus=num_gpus, fp8=inputs.target_fp8)
     drafter = drafter_memory(inputs.drafter_shape, budget, rows, inputs.receive_batches, num_shards=drafters,
@@ -299,9 +301,10 @@ def colocated_memory(inputs: MemoryInputs, num_gpus: int, budget: int, rows: int
     target = target_memory(inputs.target_shape, inputs.layers_run, budget, inputs.num_feature_layers, 0,
                            layers_kept=inputs.target_shape.num_layers if keep_all_layers else None, num_gpus=num_gpus,
                            fp8=inputs.target_fp8)
-    drafter = drafter_memory(inputs.drafter_shape, budget, rows, inputs.q_hs,
+    q_hs = default_q_hs(inputs.q_hs, colocated=True)
+    drafter = drafter_memory(inputs.drafter_shape, budget, rows, q_hs,
                              num_shards=num_gpus if num_shards is None else num_shards,
                              frozen_weights=not shared_head, num_gpus=num_gpus, **inputs.drafter_options())
     shards = num_gpus if num_shards is None else num_shards
-    return target + drafter + method_memory(inputs.drafter_shape, budget, rows, inputs.q_hs, num_shards=shards,
+    return target + drafter + method_memory(inputs.drafter_shape, budget, rows, q_hs, num_shards=shards,
                                             head_chunk_rows=inputs.head_chunk_rows, moments=inputs.moments)

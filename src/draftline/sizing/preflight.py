@@ -103,7 +103,7 @@ def preflight_target(spec, target, who: str, group=None) -> PreflightResult:
     started = time.perf_counter()
     budget = config.data.token_budget
     width = target.feature_width
-    outbox = max(1, -(-config.topology.q_hs // spec.role.num_target_groups)) + 1
+    outbox = max(1, -(-spec.q_hs // spec.role.num_target_groups)) + 1
     if group is not None and not spec.colocated and not spec.role.sends:
         outbox = 0  # the group's first rank sends its features; the others hold none once a pass is over
     vocab = target.vocab_size
@@ -177,14 +177,13 @@ def _suggestion_room(limit: MemoryLimit) -> float:
 
 
 def _refuse_target(spec, budget, peak, fit, limit: MemoryLimit, who: str, predicted: bool = False):
-    config = spec.config
     best = min(fit.largest_tokens(_suggestion_room(limit), 0, 256), budget - 256) if fit is not None else 0
     needed = "more than it may use (out of memory)" if peak is None else f"{gib(peak)}{' (predicted)' if predicted else ''}"
     raise DraftlineError(
-        f"preflight: the target ({who}) needs {needed} at --token-budget {budget:,} with q_hs {config.topology.q_hs}; "
+        f"preflight: the target ({who}) needs {needed} at --token-budget {budget:,} with q_hs {spec.q_hs}; "
         f"{limit.describe()}. "
         + (f"The largest token budget that fits is about {best:,}: pass --token-budget {best}"
-           + (", or lower --q-hs" if config.topology.q_hs > 1 else "") if best >= 256 else
+           + (", or lower --q-hs" if spec.q_hs > 1 else "") if best >= 256 else
            "Even small budgets do not fit: the target does not fit in the memory this process may use")
     )
 
@@ -308,7 +307,7 @@ def preflight_drafter(spec, worker, who: str, target_result: PreflightResult | N
 def _refuse_drafter(spec, budget, rows, peak, fit, limit: MemoryLimit, who, colocated, predicted=False):
     block = spec.model.block_size
     options = []
-    q_hs = spec.config.topology.q_hs
+    q_hs = spec.q_hs
     if colocated and peak is not None:  # each queued batch of features: budget x width in the compute dtype
         per_batch = budget * spec.model.feature_width * torch.finfo(spec.dtype).bits // 8
         fewer = q_hs - int(-(-(peak - limit.limit) // per_batch))
@@ -365,7 +364,7 @@ def _model_prediction(spec, role: str) -> dict:
     budget, rows = config.data.token_budget, e.max_query_rows
     num_feature_layers = len(model.layer_ids) + int(model.final_hidden)
     if role == "target":
-        outbox = max(1, -(-c.q_hs // spec.role.num_targets)) + 1
+        outbox = max(1, -(-spec.q_hs // spec.role.num_targets)) + 1
         keep_all = spec.colocated and spec.role.is_logging
         estimate = target_memory(model.target_shape, model.layers_run, budget, num_feature_layers, outbox,
                                  layers_kept=model.target_shape.num_layers if keep_all else None,
@@ -377,7 +376,7 @@ def _model_prediction(spec, role: str) -> dict:
         shards = 1 if replicates(c.drafter_state, spec.device) else drafters
         if spec.colocated:
             inputs = MemoryInputs(model.target_shape, model.drafter_shape, model.layers_run, num_feature_layers,
-                                  c.q_hs, target_fp8=config.model.target_fp8, **options)
+                                  spec.q_hs, target_fp8=config.model.target_fp8, **options)
             estimate = colocated_memory(inputs, drafters, budget, rows, num_shards=shards,
                                         keep_all_layers=spec.role.is_logging)
         else:
