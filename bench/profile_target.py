@@ -81,7 +81,7 @@ def main() -> int:
     parser.add_argument("--shape", default="27b-hybrid", help="the target's shape, as bench_line.py names them "
                                                               "(default: %(default)s)")
     parser.add_argument("--budget", type=int, default=32768, help="tokens a packed batch (default: %(default)s)")
-    parser.add_argument("--iters", type=int, default=3, help="timed batches before the profiled one "
+    parser.add_argument("--iters", type=int, default=5, help="timed batches before the profiled one "
                                                              "(default: %(default)s)")
     parser.add_argument("--fp8", action="store_true", help="the target's linear layers in FP8 (train's --target-fp8)")
     parser.add_argument("--eager", action="store_true", help="do not compile the pass")
@@ -117,9 +117,11 @@ def main() -> int:
         flops.append(target_flops(shape, b.doc_lengths, max(ids) + 1))
     peak = spec_peak(device) if device.type == "cuda" else float("nan")
     mfu = sum(flops) / sum(times) / peak
+    each = [f / t / peak for f, t in zip(flops, times)]
     variant = f"{args.shape}, {'eager' if args.eager else 'compiled'}{', FP8' if args.fp8 else ''}, {args.budget} tok"
     lines = [f"{variant}: {sum(b.num_tokens for b in batches[2:-1]) / sum(times):,.0f} tok/s, {mfu:.1%} of the spec "
-             f"peak; ms a batch {', '.join(f'{1e3 * t:.0f}' for t in times)} (median {1e3 * statistics.median(times):.0f})"]
+             f"peak over the timed batches; each batch: {', '.join(f'{1e3 * t:.0f} ms {m:.1%}' for t, m in zip(times, each))}"
+             f" (median {statistics.median(each):.1%})"]
     from torch.profiler import ProfilerActivity, profile
 
     last = batches[-1]
@@ -128,7 +130,7 @@ def main() -> int:
         target(last)
         sync(device)
     spans = kernel_spans(prof)
-    report = {"variant": variant, "ms_per_batch": [1e3 * t for t in times], "mfu_spec": mfu}
+    report = {"variant": variant, "ms_per_batch": [1e3 * t for t in times], "mfu_spec": mfu, "mfu_each": each}
     if spans:
         more, report["profile"] = profile_report(spans, target_flops(shape, last.doc_lengths, max(ids) + 1), peak,
                                                  args.top)

@@ -99,6 +99,42 @@ def test_packed_hybrid_path_equals_padded(family, request, monkeypatch):
     assert not torch.allclose(leaky(batch), padded(batch), rtol=1e-3, atol=1e-3)
 
 
+@no_fla
+def test_compiled_hybrid_stages_give_the_same_features_with_one_graph_each(qwen3_5_target, monkeypatch):
+    """compile_target compiles a packed Gated DeltaNet layer's two stages around fla's kernels (graph capture only on
+    CPU: aot_eager): the features stay those of the eager pass, and each stage is one graph for every layer and every
+    batch (the layers' modules are inputs, not constants it specialises on)."""
+    import torch._dynamo
+
+    from draftline.model.fused import compile_target
+
+    monkeypatch.setattr(linear_attention, "fla_kernels", _reference_kernels)
+    eager = TargetFeatures(qwen3_5_target, [1, 4], dtype=torch.float32, packed=True)
+    compiled = TargetFeatures(qwen3_5_target, [1, 4], dtype=torch.float32, packed=True)
+    graphs: dict[str, int] = {}
+
+    def counting(fn):
+        def backend(gm, _inputs):
+            graphs[fn.__name__] = graphs.get(fn.__name__, 0) + 1
+            return gm.forward
+
+        return backend
+
+    original = torch.compile
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", lambda fn, dynamic=None, options=None: original(
+        fn, dynamic=dynamic, backend=counting(fn) if fn in (linear_attention.project_inputs,
+                                                            linear_attention.gated_output) else "aot_eager"))
+    compile_target(compiled)
+    monkeypatch.setattr(torch, "compile", original)
+    linear_layers = sum(hasattr(layer, "linear_attn") for layer in compiled.decoder.layers)
+    assert linear_layers >= 2
+    for lengths in ([29, 3, 70, 16], [12, 40], [70, 9, 3]):
+        _, batch = _batch(lengths, seed=len(lengths))
+        torch.testing.assert_close(compiled(batch), eager(batch), rtol=1e-5, atol=1e-5)
+    assert graphs == {"project_inputs": 1, "gated_output": 1}
+
+
 def _leaky(kernels: Kernels) -> Kernels:
     def whole_row(fn):
         return lambda *args: fn(*args[:-1], torch.tensor([0, args[0].shape[1]]))

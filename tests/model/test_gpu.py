@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from draftline.data.batch import PackedBatch
+from draftline.model import linear_attention
 from draftline.model.attention import DenseAttention, FlexAttention
 from draftline.model.target import TargetFeatures
 from helpers import layout_for
@@ -287,3 +288,21 @@ def test_hybrid_state_crossing_documents_is_caught(hybrid_runs):
     print("\n" + report)
     assert (diff[0] <= BF16_FACTOR * rounding[0]).all(), report  # nothing comes before the first document
     assert float((diff[1:] / rounding[1:]).max()) > 10 * BF16_FACTOR, report  # caught by a wide margin
+
+
+def test_compiled_packed_hybrid_bf16_features_within_rounding_of_each_document_alone(hybrid_runs):
+    """The packed pass as training runs it (``compile_target``: each Gated DeltaNet layer's stages around fla's kernels
+    compiled, as are its norms and MLP and the full-attention layers), bf16, against each document alone: within the
+    bound the eager packed pass is held to above."""
+    from draftline.model.fused import compile_target
+
+    hybrid_runs.features(False, torch.bfloat16, packed=True)  # saves the target
+    compiled = compile_target(TargetFeatures(hybrid_runs.folder / "dense", LAYERS, device="cuda", dtype=torch.bfloat16))
+    assert compiled.packed and compiled.linear_stages != linear_attention.Stages()
+    rows = list(torch.split(compiled(hybrid_runs.batch).float(), LENGTHS))
+    alone = hybrid_runs.alone(False, torch.bfloat16)
+    rounding = _relative(alone, hybrid_runs.alone(False, torch.float32))
+    diff = _relative(rows, alone)
+    report = _table("bf16 packed, compiled, vs bf16 alone", diff)
+    print("\n" + report)
+    assert (diff <= BF16_FACTOR * rounding).all(), report

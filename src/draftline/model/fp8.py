@@ -55,9 +55,6 @@ class Fp8Linear(torch.nn.Module):
         self.register_buffer("weight_fp8", weight)
         self.register_buffer("weight_scale", scales.reshape(1, -1).contiguous())  # [1, N], as _scaled_mm takes it
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
-        self.quantize = quantize_rows
-        """The activations' cast: ``quantize_rows``, or a compiled copy of it where the layer runs outside compiled
-        code (``model.fused.compile_target``)."""
 
     @staticmethod
     def takes(linear: torch.nn.Module) -> bool:
@@ -68,7 +65,7 @@ class Fp8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        values, scales = self.quantize(rows)
+        values, scales = quantize_rows(rows)
         y = torch._scaled_mm(values, self.weight_fp8.t(), scale_a=scales, scale_b=self.weight_scale,
                              out_dtype=x.dtype)
         if self.bias is not None:

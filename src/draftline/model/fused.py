@@ -19,10 +19,10 @@ elementwise chains may differ.
 ``compile_target`` does the same for the frozen target's feature pass: each decoder layer it runs
 (RMSNorm, q/k norms, RoPE, SwiGLU and residual adds around the matmuls and the flex kernel) in one
 compiled function. The parts a layer of another kind holds stay eager where compiling them would
-trace through data-dependent code: Gated DeltaNet (fla's kernels, given the documents' boundaries
-per pass) and mixture-of-experts blocks (routing); their layers compile their norms and dense parts
-only. An FP8 target's linear layers inside a Gated DeltaNet (``model/fp8.py``) get their activations' cast compiled
-on its own (one kernel instead of four; in decoding too). Decoding with the same model (evaluation in a colocated
+trace through data-dependent code: mixture-of-experts blocks (routing), and fla's kernels in a Gated DeltaNet, given
+the documents' boundaries per pass. Such layers compile their norms and dense parts, and a Gated DeltaNet the two
+stages around its kernels (``linear_attention.Stages``: its projections and gates; the gated norm and output
+projection), one compiled function each for every layer. Decoding with the same model (evaluation in a colocated
 run) runs the eager code.
 """
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from draftline.model.drafter import ContextCache, DFlashDrafter
-from draftline.model.fp8 import Fp8Linear, quantize_rows
+from draftline.model.linear_attention import Stages, gated_output, project_inputs
 from draftline.model.target import TargetFeatures
 
 
@@ -110,12 +110,10 @@ def compile_target(target: TargetFeatures) -> TargetFeatures:
     def compile_forward(module: torch.nn.Module) -> None:
         module.forward = _compiled_when(lambda _args, _kwargs: target.in_feature_pass(), module.forward)
 
-    quantize = None
+    if target.hybrid and target.packed:  # fla's kernels stay outside; the work around them compiles
+        target.linear_stages = Stages(*(torch.compile(fn, dynamic=True, options=one_kernel_for_every_size())
+                                        for fn in (project_inputs, gated_output)))
     for layer in target.decoder.layers[: target.layers_run]:
-        for module in (layer.linear_attn.modules() if hasattr(layer, "linear_attn") else ()):
-            if isinstance(module, Fp8Linear):  # outside compiled code: the activations' cast in one kernel
-                quantize = quantize or torch.compile(quantize_rows, dynamic=True, options=one_kernel_for_every_size())
-                module.quantize = quantize
         if not hasattr(layer, "linear_attn") and _dense_mlp(getattr(layer, "mlp", None)):
             compile_forward(layer)  # the whole layer: norms and residuals fuse with their neighbours
             continue

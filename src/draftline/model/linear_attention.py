@@ -89,25 +89,47 @@ def check_layer(module: torch.nn.Module) -> None:
         )
 
 
+def project_inputs(module: torch.nn.Module, hidden_states: torch.Tensor):
+    """The projections a Gated DeltaNet layer makes of its input before its kernels, and its gates:
+    (q/k/v before the convolution [1, T, 2 Dk + Dv], beta [1, T, Hv], g [1, T, Hv] in fp32)."""
+    mixed = module.in_proj_qkv(hidden_states)
+    beta = module.in_proj_b(hidden_states).sigmoid()
+    g = -module.A_log.float().exp() * F.softplus(module.in_proj_a(hidden_states).float() + module.dt_bias)
+    return mixed, beta, g
+
+
+def gated_output(module: torch.nn.Module, core: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The delta rule's output ``core`` [1, T, Hv, dv] normed and gated by ``z`` (a projection of the layer's input),
+    then ``out_proj``: [1, T, H]."""
+    head_v = module.head_v_dim
+    z = module.in_proj_z(hidden_states)
+    out = module.norm(core.reshape(-1, head_v), z.reshape(-1, head_v)).reshape(*hidden_states.shape[:2], -1)
+    return module.out_proj(out)
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The two stages of a packed Gated DeltaNet layer around fla's kernels: ``project_inputs`` and ``gated_output``,
+    or compiled copies of them (``model.fused.compile_target``: their elementwise work fuses with the projections)."""
+
+    inputs: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = project_inputs
+    output: Callable[..., torch.Tensor] = gated_output
+
+
 def packed_forward(module: torch.nn.Module, hidden_states: torch.Tensor, cu_seqlens: torch.Tensor,
-                   kernels: Kernels) -> torch.Tensor:
+                   kernels: Kernels, stages: Stages = Stages()) -> torch.Tensor:
     """transformers' ``Qwen3_5GatedDeltaNet.forward`` (no cache) on a packed row [1, T, H]."""
     batch, length, _ = hidden_states.shape
     if batch != 1:
         raise ValueError(f"a packed Gated DeltaNet pass takes one row, got {batch}")
     head_k, head_v = module.head_k_dim, module.head_v_dim
-    mixed = module.in_proj_qkv(hidden_states)
+    mixed, beta, g = stages.inputs(module, hidden_states)
     mixed = kernels.conv(mixed, module.conv1d.weight.squeeze(1), module.conv1d.bias, module.activation, cu_seqlens)
     query, key, value = torch.split(mixed, [module.key_dim, module.key_dim, module.value_dim], dim=-1)
     query = query.reshape(1, length, -1, head_k)
     key = key.reshape(1, length, -1, head_k)
     value = value.reshape(1, length, -1, head_v)
-    beta = module.in_proj_b(hidden_states).sigmoid()
-    g = -module.A_log.float().exp() * F.softplus(module.in_proj_a(hidden_states).float() + module.dt_bias)
-    out = kernels.delta_rule(query, key, value, g, beta, cu_seqlens)
-    z = module.in_proj_z(hidden_states)
-    out = module.norm(out.reshape(-1, head_v), z.reshape(-1, head_v)).reshape(1, length, -1)
-    return module.out_proj(out)
+    return stages.output(module, kernels.delta_rule(query, key, value, g, beta, cu_seqlens), hidden_states)
 
 
 def register_packed_flex() -> str:

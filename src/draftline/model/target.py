@@ -207,6 +207,9 @@ class TargetFeatures:
         self.hybrid = hybrid
         self._whole: tuple[torch.Tensor, torch.Tensor] | None = None  # a split target's embedding and head, unsplit
         self._kernels = None
+        self.linear_stages = linear_attention.Stages()
+        """A Gated DeltaNet layer's stages around fla's kernels in a packed pass (compiled by
+        ``model.fused.compile_target``)."""
         if self.hybrid and self.packed:
             for layer in self.decoder.layers:
                 if hasattr(layer, "linear_attn"):
@@ -225,7 +228,8 @@ class TargetFeatures:
                 return own_forward(hidden_states, *args, **kwargs)
             if self._kernels is None:
                 self._kernels = linear_attention.fla_kernels()
-            return linear_attention.packed_forward(module, hidden_states, cu_seqlens, self._kernels)
+            return linear_attention.packed_forward(module, hidden_states, cu_seqlens, self._kernels,
+                                                   self.linear_stages)
 
         module.forward = forward
 
