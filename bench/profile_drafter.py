@@ -128,11 +128,18 @@ def kernel_report(worker, delivery, top: int) -> tuple[list[str], dict]:
     return lines, {"wall_ms": 1000 * wall, "kernel_ms": 1000 * kernel_total, "groups_ms": dict(groups)}
 
 
+LINEAR_ATTENTION = ("chunk_", "gated_delta", "fused_recurrent", "solve_tril", "l2norm_fwd", "causal_conv1d",
+                    "recompute_w_u", "kkt")
+"""Names of flash-linear-attention's kernels (a hybrid target's Gated DeltaNet layers)."""
+
+
 def kernel_kind(name: str) -> str:
-    """The group a CUDA kernel's time is reported under."""
+    """The group a CUDA kernel's time is reported under (the drafter's step and the target's pass)."""
     name = name.lower()
-    return ("flex/attention" if any(k in name for k in ("flex", "attention", "triton_tem", "flash", "fmha")) else
-            "gemm" if any(k in name for k in ("gemm", "cutlass", "sm90_x", "nvjet", "matmul")) else
+    return ("linear attention (fla)" if any(k in name for k in LINEAR_ATTENTION) else
+            "flex/attention" if any(k in name for k in ("flex", "attention", "triton_tem", "flash", "fmha")) else
+            "gemm" if any(k in name for k in ("gemm", "cutlass", "sm90_x", "sm100", "nvjet", "matmul", "scaled_mm",
+                                              "cublas")) else
             "adam/optimizer" if any(k in name for k in ("adam", "foreach", "multi_tensor")) else
             "triton (fused)" if "triton" in name else
             "copy/cast" if any(k in name for k in ("copy", "cast", "memcpy", "memset", "fill")) else

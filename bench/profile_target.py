@@ -26,29 +26,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_drafter import busy_and_gaps, kernel_spans  # noqa: E402
+from profile_drafter import busy_and_gaps, kernel_kind, kernel_spans  # noqa: E402
 from workloads import lognormal_lengths, packed_batch, random_target, spec_peak, sync, target_config  # noqa: E402
 
 from draftline.model import linear_attention  # noqa: E402
 from draftline.model.config import build_drafter_config  # noqa: E402
 from draftline.model.target import TargetFeatures, default_attention  # noqa: E402
 from draftline.sizing.flops import TargetShape, target_flops  # noqa: E402
-
-LINEAR_ATTENTION = ("chunk_", "gated_delta", "fused_recurrent", "solve_tril", "wy_", "l2norm", "cumsum",
-                    "causal_conv", "conv1d", "recompute_w_u", "kkt")
-
-
-def kernel_kind(name: str) -> str:
-    """The group a kernel of the target's pass is reported under."""
-    name = name.lower()
-    return ("linear attention (fla)" if any(k in name for k in LINEAR_ATTENTION) else
-            "attention" if any(k in name for k in ("flex", "attention", "triton_tem", "flash", "fmha")) else
-            "matmul" if any(k in name for k in ("gemm", "cutlass", "sm90_x", "sm100", "nvjet", "matmul", "scaled_mm",
-                                                "cublas")) else
-            "fused (inductor)" if "triton" in name else
-            "copy/cast" if any(k in name for k in ("copy", "cast", "memcpy", "memset", "fill")) else
-            "other")
-
 
 def profile_report(spans, flops: float, peak: float, top: int) -> tuple[list[str], dict]:
     """The kernels' time by kind and by name over one profiled pass; ``spans`` are (start, end, name) in us."""
@@ -66,8 +50,8 @@ def profile_report(spans, flops: float, peak: float, top: int) -> tuple[list[str
              f"{flops / (wall / 1e6) / peak:.1%} of the spec peak"]
     for kind, ms in kinds.most_common():
         lines.append(f"  {kind:24s} {ms:9.1f} ms  {ms / (wall / 1e3):6.1%}")
-    if kinds["matmul"]:
-        lines.append(f"  the pass's model FLOPs over the matmuls' time alone: {flops / (kinds['matmul'] / 1e3) / peak:.1%}"
+    if kinds["gemm"]:
+        lines.append(f"  the pass's model FLOPs over the matmuls' time alone: {flops / (kinds['gemm'] / 1e3) / peak:.1%}"
                      " of the spec peak (an upper bound on what removing everything else would give)")
     lines.append("  largest kernels (ms, calls):")
     for n, ms in names.most_common(top):
