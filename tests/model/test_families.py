@@ -7,6 +7,7 @@ vision-language checkpoint loads as its text model only.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -93,10 +94,12 @@ def test_packed_hybrid_path_equals_padded(family, request, monkeypatch):
     assert packed.hybrid and packed.packed and not padded.packed
     torch.testing.assert_close(packed(batch), padded(batch), rtol=1e-4, atol=1e-4)
 
-    # Without boundaries the state would run from one document into the next: the test can tell.
-    leaky = TargetFeatures(target_dir, [1, 4], dtype=torch.float32, packed=True)
-    monkeypatch.setattr(linear_attention, "fla_kernels", lambda: _leaky(_reference_kernels()))
-    assert not torch.allclose(leaky(batch), padded(batch), rtol=1e-3, atol=1e-3)
+    # Without boundaries the conv's taps or the recurrent state would run from one document into the next: the test
+    # tells either of them apart, each alone.
+    for kernel in ("conv", "delta_rule"):
+        leaky = TargetFeatures(target_dir, [1, 4], dtype=torch.float32, packed=True)
+        monkeypatch.setattr(linear_attention, "fla_kernels", lambda kernel=kernel: _leaky(_reference_kernels(), kernel))
+        assert not torch.allclose(leaky(batch), padded(batch), rtol=1e-3, atol=1e-3), kernel
 
 
 @no_fla
@@ -135,11 +138,13 @@ def test_compiled_hybrid_stages_give_the_same_features_with_one_graph_each(qwen3
     assert graphs == {"project_inputs": 1, "gated_output": 1}
 
 
-def _leaky(kernels: Kernels) -> Kernels:
+def _leaky(kernels: Kernels, kernel: str) -> Kernels:
+    """``kernels`` with ``kernel`` ("conv" or "delta_rule") told that the whole row is one document."""
+
     def whole_row(fn):
         return lambda *args: fn(*args[:-1], torch.tensor([0, args[0].shape[1]]))
 
-    return Kernels(whole_row(kernels.conv), whole_row(kernels.delta_rule))
+    return dataclasses.replace(kernels, **{kernel: whole_row(getattr(kernels, kernel))})
 
 
 @no_fla
